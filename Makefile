@@ -1,0 +1,38 @@
+# kvtrace: every target bootstraps .venv on first use (idempotent; re-run when pyproject changes).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvtrace-installed
+SGLANG_VERSION := 0.5.23
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test bench lab data sglang clean-venv
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0" -e ".[replay,analysis,sglang,dev]"
+	$(BIN)/python -m pip install -q --no-deps "sglang==$(SGLANG_VERSION)"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+sglang: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m replay.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/tracer_overhead.py
+
+data: $(STAMP)
+	$(BIN)/python -m replay.workloads.make_data
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Small click commands of the ``kvtrace`` CLI that read traces (inspect, recover)."""

@@ -1,0 +1,287 @@
+"""Trace reader: ``open_trace(path)`` -> manifest, families as DuckDB relations / Polars frames,
+and a seq-ordered event iterator per rank.
+
+Problems are reported with the file (and row where it applies) and what was expected:
+unknown major schema version (refused), missing/truncated/corrupt segments, duplicate or
+out-of-order ``seq``, and recorded drops.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracer.schema import FAMILIES, MANIFEST_FILE, SCHEMA_MAJOR, SCHEMA_VERSION, parse_major
+
+_PART_RE = re.compile(r"^part-(\d+)\.(parquet|arrows)$")
+_RANK_RE = re.compile(r"^rank=(-?\d+)$")
+
+
+class TraceError(Exception):
+    """A trace that cannot be read as asked; the message names the file and the expectation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    kind: str  # corrupt | truncated | missing | open_segment | version | schema | seq | drops
+    file: str
+    message: str
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file + (f", row {self.row}" if self.row is not None else "")
+        return f"{where}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    family: str
+    rank: int
+    index: int
+    path: Path
+    num_rows: int
+    num_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event of the merged stream: ``row`` holds the family's columns (enums as strings)."""
+
+    seq: int
+    ts_ns: int
+    family: str
+    row: dict = field(compare=False)
+
+
+class Trace:
+    """An opened trace directory. Build with :func:`open_trace`."""
+
+    def __init__(self, path: Path, manifest: dict, segments: list[Segment], problems: list[Problem]):
+        self.path = path
+        self.manifest = manifest
+        self.segments = segments
+        self.problems = problems
+        self._con = None
+
+    # ------------------------------------------------------------------ summary
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({s.rank for s in self.segments} | set(self.manifest.get("ranks") or []))
+
+    def rows(self, family: str) -> int:
+        return sum(s.num_rows for s in self.segments if s.family == family)
+
+    def files(self, family: str, rank: int | None = None) -> list[str]:
+        _check_family(family)
+        return [str(s.path) for s in self.segments
+                if s.family == family and (rank is None or s.rank == rank)]
+
+    # ------------------------------------------------------------------ frames
+    def table(self, family: str, rank: int | None = None) -> pa.Table:
+        """The whole family as one Arrow table with a ``rank`` column (stored schema)."""
+        fam = FAMILIES[_check_family(family)]
+        parts = []
+        for s in self.segments:
+            if s.family == family and (rank is None or s.rank == rank):
+                t = pq.read_table(s.path, schema=fam.arrow_schema(stored=True))
+                parts.append(t.append_column("rank", pa.array([s.rank] * t.num_rows, pa.int32())))
+        if not parts:
+            return fam.arrow_schema(stored=True).append(pa.field("rank", pa.int32())).empty_table()
+        return pa.concat_tables(parts)
+
+    def lazy(self, family: str, rank: int | None = None):
+        """Polars LazyFrame of a family (``rank`` from the partition)."""
+        import polars as pl
+
+        files = self.files(family, rank)
+        if not files:
+            return pl.from_arrow(self.table(family)).lazy()
+        return pl.scan_parquet(files, hive_partitioning=True, hive_schema={"rank": pl.Int32})
+
+    def relation(self, family: str, rank: int | None = None):
+        """DuckDB relation of a family (``rank`` from the partition), on this trace's connection."""
+        con = self.duckdb()
+        files = self.files(family, rank)
+        if not files:
+            empty = self.table(family)  # noqa: F841  (referenced by name below)
+            return con.sql("SELECT * FROM empty")
+        return con.read_parquet(files, hive_partitioning=True)
+
+    def duckdb(self):
+        """This trace's DuckDB connection (created on first use)."""
+        if self._con is None:
+            import duckdb
+
+            self._con = duckdb.connect()
+        return self._con
+
+    # ------------------------------------------------------------------ events
+    def events(self, rank: int = 0, families: tuple[str, ...] | None = None,
+               batch_rows: int = 65536) -> Iterator[Event]:
+        """All events of one rank merged in ``seq`` order (streams file by file)."""
+        names = families or tuple(FAMILIES)
+        streams = [self._family_stream(f, rank, batch_rows) for f in names]
+        return heapq.merge(*streams, key=lambda e: e.seq)
+
+    def _family_stream(self, family: str, rank: int, batch_rows: int) -> Iterator[Event]:
+        for s in sorted((s for s in self.segments if s.family == family and s.rank == rank),
+                        key=lambda s: s.index):
+            for batch in pq.ParquetFile(s.path).iter_batches(batch_size=batch_rows):
+                for row in batch.to_pylist():
+                    yield Event(row["seq"], row["ts_ns"], family, row)
+
+    # ------------------------------------------------------------------ validation
+    def check(self) -> list[Problem]:
+        """Problems found at open plus seq order/duplicates per rank and recorded drops."""
+        out = list(self.problems)
+        out += self._check_seq()
+        out += self._check_drops()
+        return out
+
+    def _check_seq(self) -> list[Problem]:
+        out = []
+        for rank in self.ranks:
+            seen: dict[int, str] = {}
+            for fam in FAMILIES:
+                for s in sorted((s for s in self.segments if s.family == fam and s.rank == rank),
+                                key=lambda s: s.index):
+                    seqs = pq.read_table(s.path, columns=["seq"]).column("seq").to_numpy()
+                    if len(seqs) > 1:
+                        bad = (seqs[1:] <= seqs[:-1]).nonzero()[0]
+                        if len(bad):
+                            i = int(bad[0]) + 1
+                            out.append(Problem("seq", str(s.path), (
+                                f"seq {int(seqs[i])} follows {int(seqs[i - 1])}: expected strictly "
+                                f"increasing seq within a segment"), row=i))
+                    for i, v in enumerate(seqs.tolist()):
+                        other = seen.get(v)
+                        if other is not None:
+                            out.append(Problem("seq", str(s.path), (
+                                f"duplicate seq {v} (also in {other}): expected seq unique per rank"), row=i))
+                            break
+                        seen[v] = str(s.path)
+        return out
+
+    def _check_drops(self) -> list[Problem]:
+        out = []
+        for s in self.segments:
+            if s.family != "drops":
+                continue
+            for i, r in enumerate(pq.read_table(s.path).to_pylist()):
+                out.append(Problem("drops", str(s.path), (
+                    f"{r['num_events']} {r['family'] or 'events'} lost ({r['reason']}), "
+                    f"seq {r['first_seq']}..{r['last_seq']}" + (f": {r['detail']}" if r["detail"] else "")),
+                    row=i))
+        return out
+
+    @property
+    def num_dropped(self) -> int:
+        return int(sum(r for r in self.table("drops").column("num_events").to_pylist()))
+
+
+def _check_family(family: str) -> str:
+    if family not in FAMILIES:
+        raise KeyError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
+    return family
+
+
+def open_trace(path: str | os.PathLike, *, strict: bool = True) -> Trace:
+    """Open a trace directory.
+
+    Args:
+        path: trace directory (holding ``manifest.json``).
+        strict: raise TraceError on corrupt, truncated, missing or open segments; when False
+            they are skipped and listed in ``trace.problems``.
+
+    Raises:
+        TraceError: not a trace, unknown major schema version (always), or (strict) bad segments.
+    """
+    import json
+
+    root = Path(path)
+    mpath = root / MANIFEST_FILE
+    if not mpath.is_file():
+        raise TraceError(f"{mpath}: missing; expected a kvtrace trace directory with {MANIFEST_FILE}")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{mpath}: not valid JSON ({e}); expected the trace manifest") from None
+    _check_version(manifest.get("schema_version"), str(mpath))
+    segments, problems = _scan(root)
+    if strict and problems:
+        raise TraceError("; ".join(str(p) for p in problems))
+    return Trace(root, manifest, segments, problems)
+
+
+def _check_version(version, where: str) -> None:
+    try:
+        major = parse_major(version)
+    except ValueError as e:
+        raise TraceError(f"{where}: {e}") from None
+    if major != SCHEMA_MAJOR:
+        raise TraceError(f"{where}: schema_version {version} is not supported; this kvtrace reads "
+                         f"major version {SCHEMA_MAJOR} (schema {SCHEMA_VERSION})")
+
+
+def _scan(root: Path) -> tuple[list[Segment], list[Problem]]:
+    segments, problems = [], []
+    for fam_name, fam in FAMILIES.items():
+        fdir = root / fam_name
+        if not fdir.is_dir():
+            continue
+        for rdir in sorted(fdir.iterdir()):
+            m = _RANK_RE.match(rdir.name)
+            if not rdir.is_dir() or not m:
+                continue
+            rank = int(m.group(1))
+            indices = []
+            for f in sorted(rdir.iterdir()):
+                pm = _PART_RE.match(f.name)
+                if not pm:
+                    continue
+                idx = int(pm.group(1))
+                indices.append(idx)
+                if pm.group(2) == "arrows":
+                    problems.append(Problem("open_segment", str(f), (
+                        "open segment (Arrow IPC stream) left by a crash or a running recorder; "
+                        "expected closed Parquet parts: run `kvtrace recover TRACE`")))
+                    continue
+                seg, prob = _open_segment(f, fam_name, rank, idx)
+                if prob:
+                    problems.append(prob)
+                else:
+                    segments.append(seg)
+            for gap in sorted(set(range(max(indices, default=-1) + 1)) - set(indices)):
+                problems.append(Problem("missing", str(rdir / f"part-{gap:05d}.parquet"), (
+                    f"segment missing: expected parts 0..{max(indices)} without gaps")))
+    return segments, problems
+
+
+def _open_segment(f: Path, fam_name: str, rank: int, idx: int) -> tuple[Segment | None, Problem | None]:
+    fam = FAMILIES[fam_name]
+    try:
+        pf = pq.ParquetFile(f)
+    except Exception as e:
+        kind = "truncated" if "magic" in str(e).lower() or "footer" in str(e).lower() else "corrupt"
+        return None, Problem(kind, str(f), f"unreadable Parquet ({e}); expected a complete Parquet file")
+    meta = pf.schema_arrow.metadata or {}
+    version = meta.get(b"kvtrace.schema_version", b"").decode() or None
+    if version is None:
+        return None, Problem("schema", str(f), "no kvtrace.schema_version in file metadata; "
+                             "expected a kvtrace segment")
+    try:
+        _check_version(version, str(f))
+    except TraceError as e:
+        return None, Problem("version", str(f), str(e).split(": ", 1)[1])
+    missing = [c for c in fam.column_names if c not in pf.schema_arrow.names]
+    if missing:
+        return None, Problem("schema", str(f), f"missing columns {missing}; expected the "
+                             f"{fam_name} family columns {fam.column_names}")
+    return Segment(fam_name, rank, idx, f, pf.metadata.num_rows, f.stat().st_size), None

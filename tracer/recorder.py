@@ -1,0 +1,443 @@
+"""The in-server recorder: preallocated columnar buffers, generated emit functions, a flusher.
+
+Hot path (struct families ``pool``, ``cache``, ``sched``, ``stats``)::
+
+    s = next(seq)                          # atomic under the GIL: the total order
+    data, ctr, side = cur[0]               # current buffer (swapped by the flusher)
+    pack_into(data, next(ctr), ts, s, ...) # next(ctr) reserves a record slot atomically
+
+``struct.error`` (buffer full) falls to a slow path that swaps in the spare buffer or counts a
+drop. The flusher thread swaps buffers every ``flush_interval_ms`` (or at half fill), turns the
+old one into Arrow columns with numpy (no per-event Python work, so it does not hold the GIL
+long), and appends one IPC record batch per family to the open segment with ``os.write``.
+
+Row families (``request``, ``drops``) are rare events with variable-length columns: tuples
+appended to a bounded list under a lock.
+
+Timestamps: in ``clock="step"`` mode (default) ``pool`` and ``cache`` rows take the step clock
+(``tick()``, refreshed also by every ``sched``/``stats``/``request`` emit); ordering comes from
+``seq``. ``clock="event"`` reads the monotonic clock in every emit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from tracer import manifest as _manifest
+from tracer import segments as _segments
+from tracer.buffers import Drops, RowBuffer, StructBuffer
+from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason, Family
+
+log = logging.getLogger("kvtrace.tracer")
+
+
+@dataclass(frozen=True, slots=True)
+class RecorderOptions:
+    """Recorder settings (saved in ``ranks/rank=<r>.json`` and the manifest's ``options``)."""
+
+    buffer_events: int = 1 << 18  # records per struct-family buffer (x2: current + spare)
+    row_buffer_events: int = 1 << 16  # rows per row-family buffer
+    flush_interval_ms: int = 1000
+    poll_interval_ms: int = 50  # flusher wake-up to check fill levels
+    segment_max_bytes: int = 64 << 20  # rotate the open segment past this size...
+    segment_max_s: float = 600.0  # ...or this age
+    detail: str = "counts"  # "counts" | "pages" (pool rows carry page ids)
+    clock: str = "step"  # "step" | "event"
+    on_fork: str = "off"  # "off" (child records nothing) | "child" (child gets its own rank)
+    stop_timeout_s: float = 10.0
+
+    def __post_init__(self):
+        if self.detail not in ("counts", "pages"):
+            raise ValueError(f"detail must be 'counts' or 'pages', got {self.detail!r}")
+        if self.clock not in ("step", "event"):
+            raise ValueError(f"clock must be 'step' or 'event', got {self.clock!r}")
+        if self.on_fork not in ("off", "child"):
+            raise ValueError(f"on_fork must be 'off' or 'child', got {self.on_fork!r}")
+        if self.buffer_events < 16 or self.row_buffer_events < 16:
+            raise ValueError("buffer_events and row_buffer_events must be >= 16")
+
+
+# --------------------------------------------------------------------------------------------
+# Emit-function generation
+# --------------------------------------------------------------------------------------------
+# Public emit signatures: (name, family, params with defaults, record expression order).
+_EMITS = {
+    "pool": "pool, op, rid, num_slots, num_pages=0, dur_ns=0",
+    "cache": (
+        "op, rid, device_hit=0, host_hit=0, swa_host_hit=0, full_tokens=0, swa_tokens=0, "
+        "host_tokens=0, nodes=0, tombstones=0, dur_ns=0"
+    ),
+    "sched": (
+        "kind, forward_ct, mode=0, batch_size=0, num_tokens=0, step_ns=0, rid=-1, prefix_len=0, "
+        "extend_len=0, host_hit_len=0, chunk_requested=0, chunk_admitted=0, verdict=0, "
+        "rem_total=-1, rem_swa=-1, swa_needed=-1"
+    ),
+    "stats": "forward_ct, pool, capacity, available, evictable, protected, held",
+    "request": (
+        "event, rid, session_id=-1, turn=-1, input_len=0, output_len=-1, max_new_tokens=0, "
+        "cached_len=-1, rid_str='', page_hashes=None"
+    ),
+    "drops": "family, first_seq, last_seq, num_events, reason, detail=''",
+}
+_READS_CLOCK = {"sched", "stats", "request", "drops"}  # in clock="step" mode
+EMIT_NAMES = ("pool", "pool_ids", "cache", "sched", "stats", "request")
+
+
+def _noop(*args, **kwargs):
+    return None
+
+
+def _record_fields(fam: Family) -> list[str]:
+    return [c.name for c in fam.columns if c.code or fam.name in ROW_FAMILIES]
+
+
+def _gen_emit(fam_name: str, reads_clock: bool, with_ids: bool = False) -> str:
+    params = _EMITS[fam_name] + (", page_ids=None" if with_ids else "")
+    fields = _record_fields(FAMILIES[fam_name])[2:]  # after ts_ns, seq
+    args = ", ".join(fields)
+    name = "pool_ids" if with_ids else fam_name
+    clock = "t = now[0] = mono() - anchor" if reads_clock else "t = now[0]"
+    if fam_name in ROW_FAMILIES:
+        return (
+            f"def {name}({params}):\n"
+            f"    s = next(seq)\n    {clock}\n"
+            f"    with lock:\n"
+            f"        rows = cur[0]\n"
+            f"        if len(rows) < cap:\n"
+            f"            rows.append((t, s, {args}))\n"
+            f"            return\n"
+            f"    full(s, None)\n"
+        )
+    side = "        side.append((off // size, page_ids))\n" if with_ids else ""
+    off = "off = next(ctr)" if with_ids else ""
+    slot = "off" if with_ids else "next(ctr)"
+    return (
+        f"def {name}({params}):\n"
+        f"    s = next(seq)\n    {clock}\n"
+        f"    data, ctr, side = cur[0]\n"
+        f"    try:\n"
+        f"        {off}\n"
+        f"        pack(data, {slot}, t, s, {args})\n{side}"
+        f"    except error:\n"
+        f"        full(s, (t, s, {args}){', page_ids' if with_ids else ''})\n"
+    )
+
+
+
+
+def _peek(counter: itertools.count) -> int:
+    r = repr(counter)  # "count(N)" or "count(N, step)"
+    end = r.find(",")
+    return int(r[6 : end if end > 0 else -1])
+
+
+# --------------------------------------------------------------------------------------------
+# Recorder
+# --------------------------------------------------------------------------------------------
+class Recorder:
+    """One process's recording into one rank partition of a trace directory.
+
+    Args:
+        out_dir: trace directory (created; joined if it already holds a manifest).
+        rank: partition to write; None claims the lowest free rank.
+        options: RecorderOptions.
+        manifest_fields: extra manifest keys (server, hash_block_tokens, env, ...), used only
+            when this process creates the trace.
+        source: manifest ``producer.source``.
+        on_disable: called (no args) when recording stops or fails, to unbind the emits.
+    """
+
+    def __init__(self, out_dir, rank=None, options=None, manifest_fields=None, source="tracer",
+                 on_disable=None):
+        self.dir = Path(out_dir)
+        self.opts = options or RecorderOptions()
+        self.pid = os.getpid()
+        fields = dict(manifest_fields or {})
+        fields.setdefault("options", asdict(self.opts))
+        self.manifest = _manifest.create_or_join(self.dir, _manifest.new_manifest(source=source, **fields))
+        self.anchor_ns = int(self.manifest["clock"]["monotonic_ns"])
+        self.info = {"pid": self.pid, "ppid": os.getppid(), "host": socket.gethostname(),
+                     "started_unix_ns": time.time_ns(), "options": asdict(self.opts), "state": "recording"}
+        self.rank = _manifest.claim_rank(self.dir, rank, self.info)
+        self.seq = itertools.count(1)
+        self.now = [time.monotonic_ns() - self.anchor_ns]
+        self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events) for f in STRUCT_FAMILIES}
+        self.rows = {f: RowBuffer(FAMILIES[f], self.opts.row_buffer_events) for f in ROW_FAMILIES}
+        self.drops = Drops()
+        self.segments: dict[str, _segments.StreamSegment] = {}
+        self.segment_opened_s: dict[str, float] = {}
+        self.events_written = {f: 0 for f in FAMILIES}
+        self.failed: str | None = None
+        self.stopped = False
+        self._on_disable = on_disable or (lambda: None)
+        self._io_lock = threading.Lock()  # one flush at a time (flusher thread or stop())
+        self._wake = threading.Event()
+        self._stop_req = False
+        self.emits = self._build_emits()
+        self._thread = threading.Thread(target=self._run, name="kvtrace-flusher", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- emit functions
+    def _build_emits(self) -> dict:
+        emits = {}
+        mono, anchor = time.monotonic_ns, self.anchor_ns
+        for name in STRUCT_FAMILIES + ROW_FAMILIES:
+            reads_clock = self.opts.clock == "event" or name in _READS_CLOCK
+            variants = [(name, False)] + ([("pool_ids", True)] if name == "pool" else [])
+            for fn_name, with_ids in variants:
+                ns = {"next": next, "seq": self.seq, "now": self.now, "mono": mono, "anchor": anchor}
+                if name in self.structs:
+                    b = self.structs[name]
+                    ns.update(cur=b.cur, pack=b.struct.pack_into, error=struct.error, size=b.size,
+                              full=self._struct_full_handler(b))
+                else:
+                    b = self.rows[name]
+                    ns.update(cur=b.cur, lock=b.lock, cap=b.capacity, full=self._row_full_handler(b))
+                exec(compile(_gen_emit(name, reads_clock, with_ids), f"<kvtrace emit {fn_name}>", "exec"), ns)
+                emits[fn_name] = ns[fn_name]
+        if self.opts.detail != "pages":
+            pool = emits["pool"]
+            emits["pool_ids"] = lambda p, o, r, n, np_=0, d=0, page_ids=None: pool(p, o, r, n, np_, d)
+
+        now, seq = self.now, self.seq
+
+        def tick() -> int:
+            t = now[0] = mono() - anchor
+            return t
+
+        emits["tick"] = tick
+        emits["peek_seq"] = lambda: _peek(seq)
+        return emits
+
+    def _struct_full_handler(self, b: StructBuffer):
+        drops, wake = self.drops, self._wake
+
+        def full(s, rec, ids=None):
+            with b.lock:
+                for attempt in (0, 1):
+                    data, ctr, side = b.cur[0]
+                    off = next(ctr)
+                    try:
+                        b.struct.pack_into(data, off, *rec)
+                        if ids is not None:
+                            side.append((off // b.size, ids))
+                        return
+                    except struct.error:
+                        if attempt or b.spare is None:
+                            break
+                        b.pending.append(b.cur[0])
+                        b.cur[0], b.spare = b.spare, None
+                        wake.set()
+            drops.add(b.fam.name, DropReason.BUFFER_FULL, s, s, 1)
+            wake.set()
+
+        return full
+
+    def _row_full_handler(self, b: RowBuffer):
+        drops, wake = self.drops, self._wake
+
+        def full(s, _rec):
+            drops.add(b.fam.name, DropReason.BUFFER_FULL, s, s, 1)
+            wake.set()
+
+        return full
+
+    # ---------------------------------------------------------------- flushing
+    def _run(self) -> None:
+        interval_s = self.opts.flush_interval_ms / 1000
+        poll_s = min(self.opts.poll_interval_ms / 1000, interval_s)
+        last = time.monotonic()
+        while not self._stop_req:
+            self._wake.wait(poll_s)
+            self._wake.clear()
+            if self._stop_req:
+                break
+            now = time.monotonic()
+            due = now - last >= interval_s
+            if due:
+                last = now
+            if not self.flush(force=due):
+                return
+        self._final()
+
+    def _due(self, b: StructBuffer) -> bool:
+        return bool(b.pending) or b.reserved(b.cur[0]) * 2 >= b.capacity
+
+    def flush(self, force: bool = True) -> bool:
+        """Write buffered events (all families when ``force``, else only those half full).
+
+        Returns False when recording has failed. Never raises.
+        """
+        if self.failed:
+            return False
+        with self._io_lock:
+            try:
+                for name, b in self.structs.items():
+                    if force or self._due(b):
+                        self._flush_struct(name, b)
+                for name in ROW_FAMILIES:
+                    b = self.rows[name]
+                    if name == "drops":
+                        self._drops_to_rows()
+                    if force or len(b.cur[0]) * 2 >= b.capacity:
+                        self._flush_rows(name, b)
+                self._rotate(force_close=False)
+                return True
+            except Exception as e:  # disk full, directory removed, ...
+                self._fail(e)
+                return False
+
+    def _flush_struct(self, name: str, b: StructBuffer) -> None:
+        with b.lock:
+            bufs, b.pending = b.pending, []
+        bufs.append(b.swap())
+        for buf in bufs:
+            n = b.reserved(buf)
+            if n:
+                self._write_struct(name, b, buf, n)
+        if b.spare is None:
+            b.spare = b._new()
+
+    def _write_struct(self, name: str, b: StructBuffer, buf: tuple, n: int) -> None:
+        data, _ctr, side = buf
+        arr = np.frombuffer(data, dtype=b.dtype, count=n)
+        seqs = arr["seq"]
+        deadline = time.monotonic() + 0.05
+        while not seqs.all() and time.monotonic() < deadline:
+            time.sleep(0.0002)  # a writer reserved a slot and was preempted before packing
+        keep = seqs != 0
+        torn = int(n - keep.sum())
+        cols = [np.ascontiguousarray(arr[f]) for f in b.dtype.names]
+        arrays = [pa.array(c) for c in cols]
+        if name == "pool":
+            arrays.append(_page_ids_column(side, n))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=b.fam.arrow_schema(stored=False))
+        if torn:
+            batch = batch.filter(pa.array(keep))
+            self.drops.add(name, DropReason.TORN, -1, -1, torn)
+        self._segment(name).write(batch)
+        self.events_written[name] += batch.num_rows
+
+    def _flush_rows(self, name: str, b: RowBuffer) -> None:
+        rows = b.swap()
+        if not rows:
+            return
+        schema = b.fam.arrow_schema(stored=False)
+        cols = list(zip(*rows))
+        arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
+        self._segment(name).write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        self.events_written[name] += len(rows)
+
+    def _drops_to_rows(self) -> None:
+        t = time.monotonic_ns() - self.anchor_ns
+        rows = self.rows["drops"].cur[0]
+        for (fam, reason), (first, last, n, detail) in self.drops.take().items():
+            rows.append((t, next(self.seq), fam, first, last, n, int(reason), detail))
+
+    def _segment(self, name: str) -> _segments.StreamSegment:
+        seg = self.segments.get(name)
+        if seg is None:
+            seg = self.segments[name] = _segments.StreamSegment(self.dir, FAMILIES[name], self.rank)
+            self.segment_opened_s[name] = time.monotonic()
+        return seg
+
+    def _rotate(self, force_close: bool) -> None:
+        now = time.monotonic()
+        for name, seg in list(self.segments.items()):
+            if (force_close or seg.num_bytes >= self.opts.segment_max_bytes
+                    or now - self.segment_opened_s[name] >= self.opts.segment_max_s):
+                del self.segments[name]
+                seg.close()
+
+    # ---------------------------------------------------------------- failure and stop
+    def _fail(self, exc: BaseException) -> None:
+        if self.failed:
+            return
+        self.failed = f"{type(exc).__name__}: {exc}"
+        self._on_disable()
+        issued = _peek(self.seq) - 1
+        lost = max(issued - sum(self.events_written.values()) - self.drops.total, 0)
+        log.error("kvtrace: recording to %s disabled after a write error (%s); %d events lost",
+                  self.dir, self.failed, lost)
+        for seg in self.segments.values():
+            seg.abandon()
+        self.segments.clear()
+        try:  # best effort: the target may be gone or full
+            t = time.monotonic_ns() - self.anchor_ns
+            table = pa.table({"ts_ns": [t], "seq": [issued + 1], "family": [""], "first_seq": [-1],
+                              "last_seq": [issued], "num_events": [lost],
+                              "reason": [int(DropReason.WRITE_ERROR)], "detail": [self.failed]})
+            _segments.write_family_table(self.dir, "drops", table, rank=self.rank)
+        except Exception:
+            pass
+        self._write_info("failed")
+
+    def _final(self) -> None:
+        if self.failed:
+            return
+        if self.flush(force=True):
+            with self._io_lock:
+                try:
+                    self._rotate(force_close=True)
+                except Exception as e:
+                    self._fail(e)
+                    return
+            self._write_info("stopped")
+
+    def _write_info(self, state: str) -> None:
+        info = dict(self.info, state=state, stopped_unix_ns=time.time_ns(),
+                    events=dict(self.events_written), dropped=self.drops.total, error=self.failed)
+        try:
+            _manifest.update_rank_info(self.dir, self.rank, info)
+        except Exception:
+            pass
+
+    def stop(self) -> None:
+        """Flush everything, close and convert the open segments. Idempotent; never raises."""
+        if self.stopped:
+            return
+        self.stopped = True
+        self._on_disable()
+        self._stop_req = True
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(self.opts.stop_timeout_s)
+            if self._thread.is_alive():
+                log.error("kvtrace: flusher did not finish within %.1fs", self.opts.stop_timeout_s)
+
+    def abandon_in_child(self) -> None:
+        """In a forked child: forget the parent's buffers and files without writing anything."""
+        self.stopped = True
+        self.failed = "forked"
+        for seg in self.segments.values():
+            seg.abandon()
+        self.segments.clear()
+
+
+def _page_ids_column(side: list, n: int) -> pa.Array:
+    typ = pa.list_(pa.int32())
+    if not side:
+        return pa.nulls(n, typ)
+    lens = np.zeros(n, np.int32)
+    valid = np.zeros(n, bool)
+    values = []
+    for i, ids in side:
+        v = np.asarray(ids, dtype=np.int32).ravel()
+        lens[i] = len(v)
+        valid[i] = True
+        values.append(v)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values)), type=typ,
+                                    mask=pa.array(~valid))
