@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from tracer import manifest as _manifest
+from tracer.schema import manifest as _manifest
 from tracer import segments as _segments
 from tracer.buffers import Drops, RowBuffer, StructBuffer
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason, Family

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tracer.segments import OPEN_SUFFIX, recover_segment
+from tracer.schema.storage import OPEN_SUFFIX, recover_segment
 
 
 def recover(path: str) -> dict:

@@ -18,7 +18,10 @@ append new members only (a minor version bump); never renumber.
 Adding a column is a minor bump; renaming or retyping one is a major bump. Readers refuse an
 unknown major version.
 
-This module imports only the standard library and pyarrow (it runs inside the server).
+The package is the whole on-disk contract: this module (families, columns, enums, manifest
+keys), ``tracer.schema.manifest`` (manifest and rank files) and ``tracer.schema.storage``
+(segment layout, Parquet encoding, IPC stream recovery). ``replay`` imports from ``tracer`` only
+this package. It imports only the standard library and pyarrow (it runs inside the server).
 """
 
 from __future__ import annotations

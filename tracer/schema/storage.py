@@ -1,0 +1,169 @@
+"""On-disk storage of trace segments: layout, Parquet encoding, IPC stream reading and recovery.
+
+Layout: ``<trace>/<family>/rank=<r>/part-<n>.arrows`` while open (survives truncation: every
+completed record batch is recoverable), converted to ``part-<n>.parquet`` when the segment closes
+(zstd, DELTA for monotone columns, enums as dictionary strings). ``recover_segment`` converts
+what a crash left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from tracer.schema import FAMILIES, Family, enum_names
+
+OPEN_SUFFIX = ".arrows"
+CLOSED_SUFFIX = ".parquet"
+_PART_RE = re.compile(r"^part-(\d+)\.(arrows|parquet)$")
+_DELTA_COLUMNS = {"ts_ns", "seq", "first_seq", "last_seq"}
+
+
+def family_dir(trace_dir: str | os.PathLike, family: str, rank: int) -> Path:
+    return Path(trace_dir) / family / f"rank={rank}"
+
+
+def next_part_index(directory: Path) -> int:
+    """One past the highest ``part-<n>`` present (open or closed) in ``directory``."""
+    best = -1
+    if directory.is_dir():
+        for name in os.listdir(directory):
+            m = _PART_RE.match(name)
+            if m:
+                best = max(best, int(m.group(1)))
+    return best + 1
+
+
+def part_name(index: int, suffix: str) -> str:
+    return f"part-{index:05d}{suffix}"
+
+
+# ------------------------------------------------------------------------------------------
+# Encoding for storage
+# ------------------------------------------------------------------------------------------
+def to_stored(table: pa.Table, fam: Family) -> pa.Table:
+    """Cast a table with raw uint8 enum codes (or enum strings) to the stored schema.
+
+    Raises ValueError naming the column when a code or name is not a member of its enum.
+    """
+    arrays = []
+    for col in fam.columns:
+        if col.name not in table.column_names:
+            if pa.types.is_list(col.type) or pa.types.is_string(col.type):
+                arrays.append(pa.nulls(table.num_rows, col.type))
+                continue
+            raise ValueError(f"family {fam.name!r}: missing column {col.name!r}")
+        arr = table.column(col.name).combine_chunks()
+        if col.enum is not None:
+            arrays.append(_encode_enum(arr, col.name, col.enum))
+        else:
+            arrays.append(arr.cast(col.type) if arr.type != col.type else arr)
+    return pa.Table.from_arrays(arrays, schema=fam.arrow_schema(stored=True))
+
+
+def _encode_enum(arr: pa.Array, name: str, enum_type) -> pa.DictionaryArray:
+    names = enum_names(enum_type)
+    dict_type = pa.dictionary(pa.int8(), pa.string())
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(pa.string())
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        lookup = {n: i for i, n in enumerate(names)}
+        values = arr.to_pylist()
+        try:
+            codes = [lookup[v] for v in values]
+        except KeyError as e:
+            raise ValueError(f"column {name!r}: {e.args[0]!r} is not one of {names}") from None
+        idx = pa.array(codes, pa.int8())
+    else:
+        idx = arr.cast(pa.int8())
+        if len(idx) and (pc.min(idx).as_py() < 0 or pc.max(idx).as_py() >= len(names)):
+            raise ValueError(f"column {name!r}: code out of range 0..{len(names) - 1} ({names})")
+    return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string())).cast(dict_type)
+
+
+def write_parquet(path: str | os.PathLike, table: pa.Table) -> int:
+    """Write a stored-schema table to ``path`` atomically (tmp + rename). Returns bytes written."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    dict_cols = [f.name for f in table.schema if pa.types.is_dictionary(f.type)]
+    enc = {
+        f.name: "DELTA_BINARY_PACKED"
+        for f in table.schema
+        if f.name in _DELTA_COLUMNS and pa.types.is_integer(f.type)
+    }
+    pq.write_table(
+        table,
+        tmp,
+        compression="zstd",
+        use_dictionary=dict_cols or False,
+        column_encoding=enc or None,
+        row_group_size=1 << 20,
+        write_statistics=["ts_ns", "seq"],
+    )
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def write_family_table(
+    trace_dir: str | os.PathLike, family_name: str, table: pa.Table, rank: int = 0, part: int | None = None
+) -> Path:
+    """Write a whole table of one family as a closed Parquet segment. Returns the file path."""
+    fam = FAMILIES[family_name]
+    d = family_dir(trace_dir, family_name, rank)
+    d.mkdir(parents=True, exist_ok=True)
+    if part is None:
+        part = next_part_index(d)
+    path = d / part_name(part, CLOSED_SUFFIX)
+    write_parquet(path, to_stored(table, fam))
+    return path
+
+
+# ------------------------------------------------------------------------------------------
+# Open segment: Arrow IPC stream
+# ------------------------------------------------------------------------------------------
+def read_stream_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], str | None]:
+    """Every complete record batch of an IPC stream; second value: why reading stopped early."""
+    batches: list[pa.RecordBatch] = []
+    try:
+        reader = ipc.open_stream(pa.memory_map(str(path)))
+    except (pa.ArrowInvalid, OSError) as e:
+        return batches, f"unreadable stream header ({e})"
+    while True:
+        try:
+            batches.append(reader.read_next_batch())
+        except StopIteration:
+            return batches, None
+        except (pa.ArrowInvalid, OSError) as e:
+            return batches, f"torn after {len(batches)} batches ({e})"
+
+
+def convert_segment(path: str | os.PathLike, fam: Family) -> Path | None:
+    """Convert an IPC stream segment (complete or torn) to Parquet and delete it.
+
+    Returns the Parquet path, or None when the stream held no complete batch (the file is
+    removed then too).
+    """
+    path = Path(path)
+    batches, _ = read_stream_batches(path)
+    rows = sum(b.num_rows for b in batches)
+    out = path.with_suffix(CLOSED_SUFFIX)
+    if rows:
+        table = pa.Table.from_batches(batches, schema=fam.arrow_schema(stored=False))
+        write_parquet(out, to_stored(table, fam))
+    path.unlink()
+    return out if rows else None
+
+
+def recover_segment(path: str | os.PathLike) -> tuple[int, str | None]:
+    """Convert one leftover ``.arrows`` segment; returns (rows recovered, note on the torn tail)."""
+    path = Path(path)
+    fam = FAMILIES[path.parent.parent.name]
+    batches, note = read_stream_batches(path)
+    convert_segment(path, fam)
+    return sum(b.num_rows for b in batches), note
