@@ -131,11 +131,17 @@ class Trace:
         return heapq.merge(*streams, key=lambda e: e.seq)
 
     def _family_stream(self, family: str, rank: int, batch_rows: int) -> Iterator[Event]:
-        for s in sorted((s for s in self.segments if s.family == family and s.rank == rank),
-                        key=lambda s: s.index):
-            for batch in pq.ParquetFile(s.path).iter_batches(batch_size=batch_rows):
-                for row in batch.to_pylist():
-                    yield Event(row["seq"], row["ts_ns"], family, row)
+        # Segments are each sorted by seq; with several emitting threads a row can land in the
+        # next segment, so merge the segments rather than concatenating them.
+        segs = [s for s in self.segments if s.family == family and s.rank == rank]
+        return heapq.merge(*(self._segment_stream(s, family, batch_rows) for s in segs),
+                           key=lambda e: e.seq)
+
+    @staticmethod
+    def _segment_stream(seg: Segment, family: str, batch_rows: int) -> Iterator[Event]:
+        for batch in pq.ParquetFile(seg.path).iter_batches(batch_size=batch_rows):
+            for row in batch.to_pylist():
+                yield Event(row["seq"], row["ts_ns"], family, row)
 
     # ------------------------------------------------------------------ validation
     def check(self) -> list[Problem]:

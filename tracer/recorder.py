@@ -326,6 +326,9 @@ class Recorder:
         if torn:
             batch = batch.filter(pa.array(keep))
             self.drops.add(name, DropReason.TORN, -1, -1, torn)
+        kept = seqs[keep] if torn else seqs
+        if len(kept) > 1 and not (kept[1:] > kept[:-1]).all():  # several emitting threads
+            batch = batch.take(pa.array(np.argsort(kept, kind="stable")))
         self._segment(name).write(batch)
         self.events_written[name] += batch.num_rows
 

@@ -155,6 +155,9 @@ def convert_segment(path: str | os.PathLike, fam: Family) -> Path | None:
     out = path.with_suffix(CLOSED_SUFFIX)
     if rows:
         table = pa.Table.from_batches(batches, schema=fam.arrow_schema(stored=False))
+        seqs = table.column("seq").to_numpy()
+        if len(seqs) > 1 and not (seqs[1:] > seqs[:-1]).all():  # batches of concurrent emitters
+            table = table.sort_by("seq")
         write_parquet(out, to_stored(table, fam))
     path.unlink()
     return out if rows else None
