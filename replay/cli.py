@@ -10,6 +10,7 @@ import click
 _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.commands.inspect", "inspect"),
     ("replay.commands.recover", "recover_cmd"),
+    ("replay.workloads.cli", "workload"),
 ]
 
 

@@ -1,0 +1,146 @@
+"""``kvtrace workload``: generate, import, export and summarize request workloads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import fields
+
+import click
+
+from replay.workloads.errors import WorkloadError
+
+_PROGRESS = sys.stderr.isatty()
+
+
+def _run(fn, *args, **kwargs):
+    """Call ``fn``; a WorkloadError becomes a one-line ``Error:`` and exit status 1."""
+    try:
+        return fn(*args, **kwargs)
+    except WorkloadError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@click.group("workload")
+def workload() -> None:
+    """Request workloads: synthetic shapes, public trace import/export, statistics.
+
+    A workload is a trace directory holding only the `request` family (arrival rows with
+    chained page hashes) and its manifest; any recorded trace is also a valid workload.
+    """
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        if "=" not in v:
+            raise click.BadParameter(f"expected KEY=VALUE, got {v!r}", param_hint="--set")
+        k, _, val = v.partition("=")
+        out[k.strip()] = val.strip()
+    return out
+
+
+@workload.command("generate")
+@click.option("--shape", required=True, help="Shape name (see `kvtrace workload shapes`).")
+@click.option("--requests", "num_requests", type=int, default=1000, show_default=True, help="Arrivals to write.")
+@click.option("--qps", type=float, default=None, help="Target request rate (req/s); default: the shape's.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random draw.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
+@click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default=None,
+              help="Arrival process of sessions/units; default: the shape's (mixed: gamma).")
+@click.option("--cv", "arrival_cv", type=float, default=None,
+              help="Coefficient of variation of Gamma inter-arrivals (> 1 is bursty).")
+@click.option("--hash-block-tokens", type=int, default=16, show_default=True,
+              help="Tokens per page hash (replay page sizes must be multiples of it).")
+@click.option("--cold-start", is_flag=True, help="Start with an empty system (no sessions under way at t=0).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a shape parameter (repeatable), e.g. --set mean_turns=6.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def generate_cmd(shape, num_requests, qps, seed, out, arrival, arrival_cv, hash_block_tokens, cold_start, sets, force):
+    """Generate a synthetic workload of SHAPE (same options and seed: byte-identical files)."""
+    from replay.workloads.generate import GenerateOptions, generate_workload
+    from replay.workloads.shapes import get_shape, make_config
+
+    def go():
+        cfg = make_config(get_shape(shape), _parse_sets(sets))
+        opts = GenerateOptions(shape, num_requests, qps, seed, arrival, arrival_cv, hash_block_tokens, not cold_start)
+        return generate_workload(out, opts, cfg, overwrite=force, progress=_PROGRESS)
+
+    path = _run(go)
+    click.echo(f"wrote {num_requests} requests ({shape}, seed {seed}) to {path}", err=True)
+
+
+@workload.command("shapes")
+def shapes_cmd():
+    """List the shapes with their parameters and defaults."""
+    from replay.workloads.shapes import SHAPES
+
+    for s in SHAPES.values():
+        arrival = s.default_arrival + (f" cv={s.default_cv}" if s.default_arrival == "gamma" else "")
+        click.echo(f"{s.name}: {s.summary}")
+        click.echo(f"  default qps {s.default_qps}, arrivals {arrival}")
+        cfg = s.config_cls()
+        for f in fields(cfg):
+            click.echo(f"  {f.name} = {getattr(cfg, f.name)}")
+
+
+@workload.group("import")
+def import_group():
+    """Import a public request trace (JSONL) as a workload."""
+
+
+@import_group.command("mooncake")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def import_mooncake_cmd(file, out, force):
+    """Import a Mooncake trace: JSONL of timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
+    from replay.workloads.mooncake import import_mooncake
+
+    path = _run(import_mooncake, file, out, overwrite=force, progress=_PROGRESS)
+    click.echo(f"imported {file} to {path}", err=True)
+
+
+@import_group.command("bailian")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def import_bailian_cmd(file, out, force):
+    """Import a Qwen-Bailian trace: JSONL of chat_id, parent_chat_id, timestamp (s), input_length, output_length, turn, type, hash_ids (16-token blocks)."""
+    from replay.workloads.bailian import import_bailian
+
+    path = _run(import_bailian, file, out, overwrite=force, progress=_PROGRESS)
+    click.echo(f"imported {file} to {path}", err=True)
+
+
+@workload.group("export")
+def export_group():
+    """Export a workload (or a trace's requests) to a public format."""
+
+
+@export_group.command("mooncake")
+@click.argument("workload_dir", metavar="W", type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSONL file to write.")
+@click.option("--block-tokens", type=int, default=512, show_default=True,
+              help="Tokens per exported block id (a multiple of the workload's hash_block_tokens).")
+@click.option("--with-sessions", is_flag=True, help="Also write session_id for rows with a known session.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def export_mooncake_cmd(workload_dir, out, block_tokens, with_sessions, force):
+    """Write workload W as Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids)."""
+    from replay.workloads.mooncake import export_mooncake
+
+    path = _run(export_mooncake, workload_dir, out, block_tokens, with_sessions, overwrite=force, progress=_PROGRESS)
+    click.echo(f"wrote {path}", err=True)
+
+
+@workload.command("stats")
+@click.argument("workload_dir", metavar="W", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--rank", type=int, default=None, help="Rank whose requests to use (default: the lowest).")
+def stats_cmd(workload_dir, as_json, rank):
+    """Summarize workload W: rate, lengths, sessions, ideal prefix reuse, context lengths."""
+    from replay.workloads.io import read_workload
+    from replay.workloads.stats import format_stats, workload_stats
+
+    s = workload_stats(_run(read_workload, workload_dir, rank))
+    click.echo(json.dumps(s, indent=2) if as_json else format_stats(s))

@@ -1,0 +1,189 @@
+"""Generate a synthetic workload of a given shape: N request arrivals at a target rate.
+
+Units (sessions, agent runs, ...) start according to an arrival process whose rate is
+``qps / mean requests per unit``; each unit's requests arrive at the unit's start plus their
+planned offsets. With ``warm_start`` (default) the process starts one long unit span (the 99th
+percentile) before t = 0 and only arrivals at t >= 0 are kept, so the stream is stationary from
+its first request, like a capture of a running server: some sessions are already under way.
+The first ``num_requests`` arrivals are written. Every random draw comes from
+``numpy.random.default_rng(seed)``, so the same options give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from replay.workloads.arrivals import ArrivalProcess
+from replay.workloads.errors import WorkloadError
+from replay.workloads.hashing import chain_hashes, segment_block_keys
+from replay.workloads.io import RequestColumns, write_workload
+from replay.workloads.shapes import Shape, get_shape, make_config, unit_stats
+
+DEFAULT_HASH_BLOCK_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Options common to every shape (the shape's own parameters are its config).
+
+    Args:
+        shape: registered shape name.
+        num_requests: arrivals to write.
+        qps: target request arrival rate (requests/s); None = the shape's default.
+        seed: seed of every random draw.
+        arrival: 'poisson' | 'gamma' for unit starts; None = the shape's default.
+        arrival_cv: Gamma coefficient of variation; None = the shape's default.
+        hash_block_tokens: tokens per page hash.
+        warm_start: start the stream in steady state (see module docstring).
+    """
+
+    shape: str
+    num_requests: int
+    qps: float | None = None
+    seed: int = 0
+    arrival: str | None = None
+    arrival_cv: float | None = None
+    hash_block_tokens: int = DEFAULT_HASH_BLOCK_TOKENS
+    warm_start: bool = True
+
+
+@dataclass(frozen=True)
+class _Arrival:
+    at_s: float
+    serial: int
+    turn: int
+    req: int  # index in the unit's requests
+
+
+def generate(options: GenerateOptions, config=None, progress: bool = False) -> tuple[RequestColumns, dict]:
+    """Generate the arrival rows of a workload.
+
+    Args:
+        options: shape, size, rate, seed, arrival process, hash block size.
+        config: the shape's config (default: its defaults).
+        progress: show tqdm progress bars (stderr).
+
+    Returns:
+        (rows in arrival order, manifest ``workload`` dict).
+    """
+    shape = get_shape(options.shape)
+    cfg = config if config is not None else shape.config_cls()
+    if options.num_requests < 1:
+        raise WorkloadError(f"--requests must be >= 1 (got {options.num_requests})")
+    if options.hash_block_tokens < 1:
+        raise WorkloadError(f"hash_block_tokens must be >= 1 (got {options.hash_block_tokens})")
+    qps = shape.default_qps if options.qps is None else float(options.qps)
+    try:
+        mean_req, span_p99 = unit_stats(shape, cfg)
+    except ValueError as e:
+        raise WorkloadError(f"shape {shape.name}: {e}") from None
+    process = ArrivalProcess(
+        options.arrival or shape.default_arrival,
+        qps / mean_req,
+        shape.default_cv if options.arrival_cv is None else float(options.arrival_cv),
+    )
+    warmup_s = span_p99 if options.warm_start else 0.0
+    units, arrivals = _simulate(shape, cfg, process, options, warmup_s, progress)
+    cols = _materialize(units, arrivals, options.hash_block_tokens, progress)
+    workload = {
+        "shape": shape.name,
+        "generator": "replay.workloads.generate",
+        "parameters": asdict(cfg),
+        "seed": options.seed,
+        "num_requests": options.num_requests,
+        "qps": qps,
+        "arrival": {"kind": process.kind, "cv": process.cv if process.kind == "gamma" else 1.0},
+        "warm_start": options.warm_start,
+        "warmup_s": warmup_s,
+        "mean_requests_per_unit": mean_req,
+        "unit_rate_per_s": process.rate_per_s,
+    }
+    return cols, workload
+
+
+def generate_workload(
+    out: str | os.PathLike,
+    options: GenerateOptions,
+    config=None,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """Generate a workload and write it to ``out`` (atomically).
+
+    Args:
+        out: target directory.
+        options: see ``GenerateOptions``.
+        config: the shape's config (default: its defaults).
+        overwrite: replace an existing directory.
+        progress: show progress bars.
+
+    Returns:
+        The written directory.
+    """
+    cols, workload = generate(options, config, progress)
+    return write_workload(out, cols, options.hash_block_tokens, workload, overwrite=overwrite)
+
+
+def _simulate(shape: Shape, cfg, process: ArrivalProcess, options: GenerateOptions, warmup_s: float, progress: bool):
+    """Start units until no later unit can place a request among the first N arrivals."""
+    n = options.num_requests
+    rng = np.random.default_rng(options.seed)
+    units: dict[int, object] = {}
+    arrivals: list[_Arrival] = []
+    t, serial, cutoff = -warmup_s, 0, np.inf
+    bar = tqdm(total=n, desc=f"plan {shape.name}", unit="req", disable=not progress, leave=False)
+    while True:
+        t += process.gap_s(rng)
+        if len(arrivals) >= n and (serial % 32 == 0 or cutoff == np.inf):
+            cutoff = float(np.partition(np.array([a.at_s for a in arrivals]), n - 1)[n - 1])
+        if t > cutoff:
+            break
+        unit = shape.plan(cfg, rng, f"{shape.name}/{options.seed}/{serial}")
+        kept = 0
+        for i, r in enumerate(unit.requests):
+            if t + r.offset_s >= 0.0:
+                arrivals.append(_Arrival(t + r.offset_s, serial, r.turn, i))
+                kept += 1
+        if kept:
+            units[serial] = unit
+            bar.update(min(kept, max(0, n - bar.n)))
+        serial += 1
+    bar.close()
+    arrivals.sort(key=lambda a: (a.at_s, a.serial, a.turn))
+    return units, arrivals[:n]
+
+
+def _materialize(units, arrivals: list[_Arrival], block: int, progress: bool) -> RequestColumns:
+    """Turn planned arrivals into columns, with chained page hashes."""
+    n = len(arrivals)
+    ts = np.array([round(a.at_s * 1e9) for a in arrivals], dtype=np.int64)
+    session_of: dict[int, int] = {}
+    session = np.array([session_of.setdefault(a.serial, len(session_of)) for a in arrivals], dtype=np.int64)
+    turn = np.array([a.turn for a in arrivals], dtype=np.int32)
+    input_len = np.empty(n, dtype=np.int32)
+    output_len = np.empty(n, dtype=np.int32)
+    max_new = np.empty(n, dtype=np.int32)
+    keys = []
+    for i, a in enumerate(tqdm(arrivals, desc="page hashes", unit="req", disable=not progress, leave=False)):
+        unit = units[a.serial]
+        r = unit.requests[a.req]
+        seg_keys = [unit.seg_keys[j] for j in r.prompt]
+        seg_tokens = [unit.seg_tokens[j] for j in r.prompt]
+        input_len[i] = sum(seg_tokens)
+        output_len[i] = r.output_len
+        max_new[i] = r.max_new_tokens
+        keys.append(segment_block_keys(seg_keys, seg_tokens, block))
+    lengths = np.array([len(k) for k in keys], dtype=np.int64)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(keys) if keys else np.empty(0, dtype=np.uint64)
+    hashes = chain_hashes(flat, lengths)
+    return RequestColumns(ts, session, turn, input_len, output_len, max_new, hashes, offsets)
+
+
+__all__ = ["GenerateOptions", "generate", "generate_workload", "make_config", "DEFAULT_HASH_BLOCK_TOKENS"]

@@ -1,0 +1,156 @@
+"""Chained page hashes: deterministic 64-bit arithmetic, identical in every process.
+
+A prompt is cut into hash blocks of ``hash_block_tokens`` tokens; only full blocks are hashed.
+Each block has a 64-bit *content key* (an imported block id, or a key the generator derives
+from synthetic segments), and the page hash of block j chains the previous hash with it::
+
+    h[-1] = ROOT
+    h[j]  = fmix64(rotl(h[j-1], 27) ^ fmix64(key[j] + KEY_SALT))
+
+so two prompts share hash j exactly when their first j+1 block keys are equal (up to 64-bit
+collisions). ``fmix64`` is MurmurHash3's finalizer; everything is uint64 numpy arithmetic
+(wrap-around multiplication), never Python's salted ``hash()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+U64 = np.uint64
+ROOT = U64(0x6B76747261636521)  # b"kvtrace!"
+KEY_SALT = U64(0x9E3779B97F4A7C15)
+_M1 = U64(0xFF51AFD7ED558CCD)
+_M2 = U64(0xC4CEB9FE1A85EC53)
+_OFF_MUL = U64(0xD6E8FEB86659FD93)
+_LEN_MUL = U64(0xA0761D6478BD642F)
+_PIECE_ROOT = U64(0x243F6A8885A308D3)
+
+
+def fmix64(x: np.ndarray) -> np.ndarray:
+    """MurmurHash3 64-bit finalizer on a uint64 array (returns a new array)."""
+    x = np.asarray(x, dtype=U64).copy()
+    x ^= x >> U64(33)
+    x *= _M1
+    x ^= x >> U64(33)
+    x *= _M2
+    x ^= x >> U64(33)
+    return x
+
+
+def rotl(x: np.ndarray, r: int) -> np.ndarray:
+    """Rotate a uint64 array left by ``r`` bits."""
+    return (x << U64(r)) | (x >> U64(64 - r))
+
+
+def name_key(*parts: object) -> int:
+    """A 64-bit key for a named piece of synthetic content (blake2b of the joined parts).
+
+    Args:
+        parts: anything with a stable ``str`` (shape name, prompt index, unit serial, ...).
+
+    Returns:
+        An int in [0, 2**64).
+    """
+    text = "/".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def chain_hashes(keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Chained page hashes of many prompts at once.
+
+    Args:
+        keys: uint64 content keys of all prompts, concatenated (prompt i owns
+            ``keys[offsets[i]:offsets[i] + lengths[i]]``).
+        lengths: number of full blocks of each prompt.
+
+    Returns:
+        uint64 array, same shape as ``keys``: the chained hash of every block.
+    """
+    keys = np.asarray(keys, dtype=U64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    out = np.empty_like(keys)
+    if len(keys) == 0:
+        return out
+    offsets = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=offsets[1:])
+    order = np.argsort(-lengths, kind="stable")  # longest first: active rows are a prefix
+    lens_sorted, offs_sorted = lengths[order], offsets[order]
+    mixed = fmix64(keys + KEY_SALT)
+    prev = np.full(len(lengths), ROOT, dtype=U64)
+    neg_lens = -lens_sorted
+    for j in range(int(lens_sorted[0])):
+        m = int(np.searchsorted(neg_lens, -j, side="left"))  # rows with length > j
+        idx = offs_sorted[:m] + j
+        h = fmix64(rotl(prev[:m], 27) ^ mixed[idx])
+        out[idx] = h
+        prev[:m] = h
+    return out
+
+
+def chain_one(keys) -> np.ndarray:
+    """Chained hashes of a single prompt's block keys (convenience for tests and small inputs)."""
+    keys = np.asarray(keys, dtype=U64)
+    return chain_hashes(keys, np.array([len(keys)]))
+
+
+def segment_block_keys(seg_keys, seg_tokens, block_tokens: int) -> np.ndarray:
+    """Content keys of the full blocks of a prompt made of synthetic segments.
+
+    A segment is a run of ``seg_tokens[i]`` tokens whose content is identified by
+    ``seg_keys[i]``. A block's key is derived from the (segment key, offset in segment, length)
+    pieces that make it up, so two prompts get equal block keys exactly where their token
+    content is equal at the same position.
+
+    Args:
+        seg_keys: uint64-compatible keys, one per segment, in prompt order.
+        seg_tokens: tokens per segment.
+        block_tokens: tokens per hash block.
+
+    Returns:
+        uint64 array with ``sum(seg_tokens) // block_tokens`` keys.
+    """
+    seg_keys = np.asarray(seg_keys, dtype=U64)
+    seg_tokens = np.asarray(seg_tokens, dtype=np.int64)
+    total = int(seg_tokens.sum())
+    nblocks = total // block_tokens
+    if nblocks == 0:
+        return np.empty(0, dtype=U64)
+    seg_starts = np.zeros(len(seg_tokens), dtype=np.int64)
+    np.cumsum(seg_tokens[:-1], out=seg_starts[1:])
+    starts = np.arange(nblocks, dtype=np.int64) * block_tokens
+    seg = np.searchsorted(seg_starts, starts, side="right") - 1
+    # Skip empty segments: searchsorted lands on the last segment starting at or before the
+    # block start, which is non-empty whenever it contains the start.
+    inside = starts + block_tokens <= seg_starts[seg] + seg_tokens[seg]
+    keys = _piece_fold(
+        np.full(nblocks, _PIECE_ROOT, dtype=U64),
+        seg_keys[seg],
+        (starts - seg_starts[seg]).astype(U64),
+        np.full(nblocks, block_tokens, dtype=U64),
+    )
+    for b in np.flatnonzero(~inside):
+        keys[b] = _straddling_key(int(starts[b]), block_tokens, seg_keys, seg_tokens, seg_starts)
+    return keys
+
+
+def _piece_fold(acc, seg_key, offset, length) -> np.ndarray:
+    piece = fmix64(seg_key ^ (offset * _OFF_MUL + length * _LEN_MUL))
+    return fmix64(rotl(acc, 29) ^ piece)
+
+
+def _straddling_key(start, block_tokens, seg_keys, seg_tokens, seg_starts) -> U64:
+    acc = np.array([_PIECE_ROOT], dtype=U64)
+    pos, end = start, start + block_tokens
+    i = int(np.searchsorted(seg_starts, pos, side="right") - 1)
+    while pos < end:
+        if seg_tokens[i] == 0 or seg_starts[i] + seg_tokens[i] <= pos:
+            i += 1
+            continue
+        off = pos - int(seg_starts[i])
+        n = min(end, int(seg_starts[i] + seg_tokens[i])) - pos
+        acc = _piece_fold(acc, seg_keys[i : i + 1], np.array([off], U64), np.array([n], U64))
+        pos += n
+        i += 1
+    return acc[0]
