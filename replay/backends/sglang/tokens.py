@@ -1,0 +1,118 @@
+"""Deterministic token ids for workloads that carry only chained page hashes.
+
+A workload stores, per request, one chained hash per ``hash_block_tokens`` block of the prompt.
+Token ids of block ``i`` are a pure function of that block's hash, so two prompts with equal
+hash prefixes get equal token prefixes and the real radix tree shares exactly the blocks the
+workload shares (and nothing else, up to a 2^-31 collision per token). Positions past the
+hashed blocks get ids unique to the request.
+
+Output tokens: when the next turn of the same session extends this prompt (all full blocks
+equal), the generated tokens are the next turn's prompt tokens at the same positions, so the
+next turn can hit the KV the previous turn decoded, as it would on a real server. Otherwise
+they are unique to the request. The last token is :data:`EOS_TOKEN_ID` when the request stops
+before its ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from replay.backends.sglang.workload import Workload, WorkloadRequest
+
+EOS_TOKEN_ID = 0  # never produced for prompts: synthesized ids are in [1, TOKEN_ID_LIMIT)
+TOKEN_ID_LIMIT = (1 << 31) - 1
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_SALT_UNIQUE = np.uint64(0xD6E8FEB86659FD93)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer over a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+
+
+def _to_ids(x: np.ndarray) -> np.ndarray:
+    return (x % np.uint64(TOKEN_ID_LIMIT - 1)).astype(np.int64) + 1
+
+
+def block_token_ids(page_hashes: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Token ids of whole hash blocks.
+
+    Args:
+        page_hashes: uint64 chained block hashes.
+        block_tokens: tokens per block.
+    Returns:
+        int64 array of ``len(page_hashes) * block_tokens`` ids in [1, TOKEN_ID_LIMIT).
+    """
+    hashes = np.asarray(page_hashes, dtype=np.uint64)
+    offsets = np.arange(block_tokens, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = hashes[:, None] + (offsets[None, :] + np.uint64(1)) * _GOLDEN
+    return _to_ids(_mix64(x)).reshape(-1)
+
+
+def unique_token_ids(rid: int, start: int, stop: int) -> np.ndarray:
+    """Ids for positions [start, stop) that belong to request ``rid`` only."""
+    pos = np.arange(start, stop, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        seed = _mix64(np.array([np.uint64(rid) ^ _SALT_UNIQUE], dtype=np.uint64))[0]
+        x = seed + (pos + np.uint64(1)) * _GOLDEN
+    return _to_ids(_mix64(x))
+
+
+class TokenSynth:
+    """Token ids for every request of one workload.
+
+    Args:
+        workload: the workload (its ``hash_block_tokens`` and session/turn layout are used).
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self.block_tokens = workload.hash_block_tokens
+        self._next_turn: dict[int, WorkloadRequest] = {}
+        by_session: dict[int, list[WorkloadRequest]] = {}
+        for r in workload.requests:
+            if r.session_id >= 0 and r.turn >= 0:
+                by_session.setdefault(r.session_id, []).append(r)
+        for turns in by_session.values():
+            turns.sort(key=lambda r: (r.turn, r.arrival_ns, r.rid))
+            for cur, nxt in zip(turns, turns[1:]):
+                self._next_turn[cur.rid] = nxt
+
+    def _sequence(self, req: WorkloadRequest, length: int) -> np.ndarray:
+        covered = min(length, len(req.page_hashes) * self.block_tokens)
+        nblocks = -(-covered // self.block_tokens)
+        head = block_token_ids(req.page_hashes[:nblocks], self.block_tokens)[:covered]
+        if covered >= length:
+            return head
+        return np.concatenate([head, unique_token_ids(req.rid, covered, length)])
+
+    def prompt_ids(self, req: WorkloadRequest) -> array:
+        """Prompt token ids (``input_len`` of them) as the ``array('q')`` sglang's Req takes."""
+        out = array("q")
+        out.frombytes(self._sequence(req, req.input_len).astype(np.int64).tobytes())
+        return out
+
+    def output_ids(self, req: WorkloadRequest) -> list[int]:
+        """The ``output_len`` tokens the request will generate, in order."""
+        n_out = req.output_len
+        ids = unique_token_ids(req.rid, req.input_len, req.input_len + n_out)
+        nxt = self._next_turn.get(req.rid)
+        full = req.input_len // self.block_tokens
+        if (nxt is not None and nxt.input_len > req.input_len and full <= len(nxt.page_hashes)
+                and full <= len(req.page_hashes)
+                and np.array_equal(nxt.page_hashes[:full], req.page_hashes[:full])):
+            seq = self._sequence(nxt, nxt.input_len)
+            shared = min(n_out, nxt.input_len - req.input_len)
+            ids[:shared] = seq[req.input_len: req.input_len + shared]
+        tokens = ids.tolist()
+        if n_out < req.max_new_tokens:
+            tokens[-1] = EOS_TOKEN_ID
+        return tokens

@@ -1,0 +1,133 @@
+"""Policy knobs of DESIGN.md §5 that sglang 0.5.23 has no switch for, as small patches.
+
+Each patch changes one decision of the real code and delegates everything else to it; none
+re-implements a class. They are applied per backend run by :func:`apply_patches` (only the ones
+the settings ask for; the defaults are 0.5.23's own behaviour and patch nothing) and removed on
+exit, innermost first.
+
+| setting | value | patch | reproduces |
+|---|---|---|---|
+| ``swa_lru_refresh`` | ``full_ancestry`` | the SWA component instance's ``refresh_lru`` becomes the base ``TreeComponent.refresh_lru`` (every walked node and the whole path to the root move to MRU). Python tree core only: the Rust core refreshes inside Rust | before sgl-project/sglang#26615 |
+| ``host_free`` | ``eager_cat`` | each host pool instance's ``free`` runs the real ``free`` and then the real ``_merge_release_slots`` (one ``torch.cat`` of the whole free list per free) | before #30658 |
+| ``swa_release_boundary`` | ``window_plus_page_cut_to_window`` | ``free_swa_out_of_window_slots`` (in ``mem_cache.common`` and its import in ``components.swa``) is called with ``supports_prefix_sharing=False``, so a radix cache frees up to ``pre_len - W`` instead of ``pre_len - ceil_page(max(W, ps))`` | the W + ps margin cut to W, before #29860 |
+
+Instance patches resolve the class method at call time (``type(obj).free``), so tracer hooks
+wrapping the classes stay in the call path whichever is installed first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+
+@dataclass(frozen=True)
+class PatchInfo:
+    """One listed patch."""
+
+    setting: str
+    value: str
+    target: str
+    reproduces: str
+
+
+PATCHES: tuple[PatchInfo, ...] = (
+    PatchInfo("swa_lru_refresh", "full_ancestry",
+              "SWAComponent instance .refresh_lru -> TreeComponent.refresh_lru (python tree core)",
+              "full-ancestry SWA LRU refresh (pre sgl-project/sglang#26615)"),
+    PatchInfo("host_free", "eager_cat",
+              "host pool instance .free -> free + _merge_release_slots",
+              "eager host free-list concatenation (pre #30658)"),
+    PatchInfo("swa_release_boundary", "window_plus_page_cut_to_window",
+              "mem_cache.common / components.swa free_swa_out_of_window_slots(supports_prefix_sharing=False)",
+              "out-of-window release boundary pre_len - W (pre #29860)"),
+)
+
+
+@contextlib.contextmanager
+def _full_ancestry_refresh(tree) -> Iterator[None]:
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, TreeComponent
+
+    if tree._tree_core_backend != "python":
+        raise ValueError("swa_lru_refresh=full_ancestry needs the Python tree core (tree_core=python)")
+    comp = tree.components[ComponentType.SWA]
+    comp.refresh_lru = types.MethodType(TreeComponent.refresh_lru, comp)
+    try:
+        yield
+    finally:
+        del comp.refresh_lru
+
+
+def _eager_free(pool, indices) -> int:
+    """The real host ``free`` followed by the real merge: one whole-list cat per free."""
+    freed = type(pool).free(pool, indices)
+    with pool.lock:
+        pool._merge_release_slots()
+    return freed
+
+
+@contextlib.contextmanager
+def _eager_host_free(host_pools: dict) -> Iterator[None]:
+    pools = list(host_pools.values())
+    for pool in pools:
+        pool.free = functools.partial(_eager_free, pool)
+    try:
+        yield
+    finally:
+        for pool in pools:
+            del pool.free
+
+
+def _window_only_boundary(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def free_swa_out_of_window_slots(req, pre_len, **kwargs):
+        kwargs["supports_prefix_sharing"] = False
+        return original(req, pre_len, **kwargs)
+
+    free_swa_out_of_window_slots.__kvtrace_patch__ = "swa_release_boundary"
+    return free_swa_out_of_window_slots
+
+
+@contextlib.contextmanager
+def _prefix_release_boundary() -> Iterator[None]:
+    from sglang.srt.mem_cache import common
+    from sglang.srt.mem_cache.unified_cache.components import swa
+
+    saved = [(mod, mod.free_swa_out_of_window_slots) for mod in (common, swa)]
+    for mod, fn in saved:
+        mod.free_swa_out_of_window_slots = _window_only_boundary(fn)
+    try:
+        yield
+    finally:
+        for mod, fn in reversed(saved):
+            mod.free_swa_out_of_window_slots = fn
+
+
+@contextlib.contextmanager
+def apply_patches(settings, rt) -> Iterator[list[PatchInfo]]:
+    """Apply the patches ``settings`` asks for to the run's real objects.
+
+    Args:
+        settings: :class:`replay.backends.sglang.settings.SglangSettings`.
+        rt: the run's :class:`replay.backends.sglang.build.Runtime`.
+    Yields:
+        the applied :class:`PatchInfo` entries.
+    Mutates:
+        the SWA component / host pool instances of ``rt`` and, for the release boundary, two
+        module attributes of sglang; all restored on exit.
+    """
+    applied = []
+    with contextlib.ExitStack() as stack:
+        if settings.swa_lru_refresh == "full_ancestry" and settings.has_swa:
+            stack.enter_context(_full_ancestry_refresh(rt.tree))
+            applied.append(PATCHES[0])
+        if settings.host_free == "eager_cat" and rt.host_pools:
+            stack.enter_context(_eager_host_free(rt.host_pools))
+            applied.append(PATCHES[1])
+        if settings.swa_release_boundary == "window_plus_page_cut_to_window" and settings.has_swa:
+            stack.enter_context(_prefix_release_boundary())
+            applied.append(PATCHES[2])
+        yield applied
