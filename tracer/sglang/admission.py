@@ -1,0 +1,167 @@
+"""``sched`` rows for prefill admission decisions (``PrefillAdder``) and retractions.
+
+One ``admit`` row per ``PrefillAdder.add_one_req`` / ``add_chunked_req`` call, with the request's
+prefix, the tokens it asked to prefill (``chunk_requested``), the tokens admitted
+(``chunk_admitted``, 0 when rejected), the verdict and the budgets left after the decision
+(``rem_total``; ``rem_swa`` and the SWA need for SWA-hybrid models).
+
+Verdicts: ``admitted`` (whole extend), ``chunked`` (cut by the chunk budget), ``shrunk`` (cut by
+the SWA budget: ``SWAPrefillBudget.check_prefill`` returned a cap below the chunk limit),
+``swa_wait`` (the total budget fit but the SWA budget did not, so the request waits),
+``no_token`` (total budget), ``other`` (batch/chunk/input limits).
+
+The budget check is observed by wrapping ``PrefillBudget.check_prefill`` (and overrides): it only
+reads the arguments and result, and recomputes the SWA need with the budget's own ``swa_tokens``.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+
+import tracer
+from tracer.schema import SchedKind, Verdict
+from tracer.sglang import state
+
+_NOOP = state._NOOP
+ADMIT, RETRACT = int(SchedKind.ADMIT), int(SchedKind.RETRACT)
+V_ADMITTED, V_CHUNKED, V_SHRUNK = int(Verdict.ADMITTED), int(Verdict.CHUNKED), int(Verdict.SHRUNK)
+V_NO_TOKEN, V_SWA_WAIT, V_OTHER = int(Verdict.NO_TOKEN), int(Verdict.SWA_WAIT), int(Verdict.OTHER)
+
+# Last budget check inside the admission in progress:
+# [active, total_ok, can_admit, chunk_limit_in, limit_out, swa_needed]
+_chk = [False, True, True, None, None, -1]
+
+
+def _make_check_prefill():
+    def make(orig):
+        def check_prefill(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            if _chk[0]:
+                try:
+                    can_admit, limit = out
+                    total_ok = kwargs.get("total_tokens", 0) < self.remaining_total
+                    needed = -1
+                    if hasattr(self, "swa_tokens"):
+                        ps = self.page_size
+                        ext = kwargs.get("extend_input_len", 0)
+                        needed = int(self.swa_tokens(
+                            -(-ext // ps) * ps, kwargs.get("max_new_tokens", 0),
+                            chunk_limit=kwargs.get("chunk_limit"),
+                            swa_host_hit_length=kwargs.get("swa_host_hit_length", 0)))
+                    _chk[1:] = [total_ok, bool(can_admit), kwargs.get("chunk_limit"), limit, needed]
+                except Exception as e:
+                    state.note_failure("admission.check_prefill", e)
+            return out
+
+        return check_prefill
+
+    return make
+
+
+def _budgets(adder) -> tuple[int, int]:
+    b = adder.memory_budget
+    rem_total = int(adder.rem_total_tokens)
+    rem_swa = int(b.remaining_swa) if hasattr(b, "swa_tokens") else -1
+    return rem_total, rem_swa
+
+
+def _make_add(chunked: bool):
+    def make(orig):
+        def add(self, req, *args, **kwargs):
+            if tracer.pool is _NOOP:
+                return orig(self, req, *args, **kwargs)
+            try:
+                prefix0 = int(req.prefix_len)
+                host_hit = 0 if chunked else int(getattr(req, "host_hit_length", 0) or 0)
+                requested = len(req.full_untruncated_fill_ids) - prefix0 - host_hit
+                n0 = len(self.can_run_list)
+            except Exception as e:
+                state.note_failure("admission.pre", e)
+                return orig(self, req, *args, **kwargs)
+            rid = state.rid_of(req)
+            _chk[:] = [True, True, True, None, None, -1]
+            prev_rid, state.cur_rid[0] = state.cur_rid[0], rid
+            out = None
+            try:
+                out = orig(self, req, *args, **kwargs)
+                return out
+            finally:
+                state.cur_rid[0] = prev_rid
+                chk = list(_chk)
+                _chk[0] = False
+                try:
+                    _emit_admit(self, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk)
+                except Exception as e:
+                    state.note_failure("admission.add", e)
+
+        return add
+
+    return make
+
+
+def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk) -> None:
+    _, total_ok, can_admit, limit_in, limit_out, needed = chk
+    admitted = len(adder.can_run_list) > n0 and adder.can_run_list[-1] is req
+    if admitted:
+        got = int(req.extend_end) - int(req.prefix_len)
+        if got >= requested:
+            verdict = V_ADMITTED
+        elif limit_out is not None and (limit_in is None or limit_out < limit_in):
+            verdict = V_SHRUNK
+        else:
+            verdict = V_CHUNKED
+    else:
+        got = 0
+        name = getattr(out, "name", "")
+        if chunked:
+            verdict = V_NO_TOKEN
+        elif name == "NO_TOKEN" and total_ok and not can_admit and needed >= 0:
+            verdict = V_SWA_WAIT
+        elif name == "NO_TOKEN":
+            verdict = V_NO_TOKEN
+        else:
+            verdict = V_OTHER
+    rem_total, rem_swa = _budgets(adder)
+    tracer.sched(ADMIT, state.step_clock.forward_ct, 0, 0, 0, 0, rid, prefix0, requested,
+                 host_hit, requested, got, verdict, rem_total, rem_swa, needed)
+
+
+def _make_release_req():
+    """Retraction: ``schedule_batch.release_req`` frees a running request for decode memory."""
+
+    def make(orig):
+        def release_req(*args, **kwargs):
+            if tracer.pool is _NOOP:
+                return orig(*args, **kwargs)
+            req = kwargs.get("req")
+            try:
+                rid = state.rid_of(req)
+                prefix = int(req.kv.cache_protected_len)
+                held = int(req.kv.kv_allocated_len)
+                tracer.sched(RETRACT, state.step_clock.forward_ct, 0, 0, 0, 0, rid, prefix,
+                             max(0, held - prefix), 0, 0, 0, 0, -1, -1, -1)
+            except Exception as e:
+                state.note_failure("admission.retract", e)
+            return orig(*args, **kwargs)
+
+        return release_req
+
+    return make
+
+
+def install(patcher, lazy: bool = False) -> int:
+    """Wrap ``PrefillAdder`` admission, the prefill budgets and retraction. Returns count."""
+    from tracer.sglang.patching import target
+
+    n = 0
+    sp = target("sglang.srt.managers.schedule_policy", lazy)
+    if sp is not None:
+        n += patcher.wrap_method(sp.PrefillAdder, "add_one_req", _make_add(False))
+        n += patcher.wrap_method(sp.PrefillAdder, "add_chunked_req", _make_add(True))
+    pb = target("sglang.srt.mem_cache.prefill_budget", lazy)
+    if pb is not None:
+        n += patcher.wrap_method_tree(pb.PrefillBudget, "check_prefill", _make_check_prefill())
+    sb = target("sglang.srt.managers.schedule_batch", lazy)
+    if sb is not None:
+        n += patcher.wrap_function(sb, "release_req", _make_release_req())
+    return n

@@ -1,0 +1,411 @@
+"""Hooks on sglang's device allocators: every change of a pool's free list becomes a ``pool`` row.
+
+Occupancy is measured, not inferred: the outermost call into a *leaf* allocator
+(``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator``, the classes that own a free list)
+reads ``available_size()`` before and after and records the difference as one ``alloc`` or
+``free`` row. Whatever path the server takes (``free``, ``free_segment(s)``,
+``free_full_segment(s)``, ``free_page_ids``, free-group release, ``alloc_extend``...), the sum of
+the rows equals ``capacity - available`` of that pool. Nested calls (``free_segment`` ->
+``free_page_ids`` -> ``_release_page_ids``) are not counted again.
+
+The SWA allocator (``SWATokenToKVPoolAllocator``) is a composite of two leaves of the same class;
+it is never measured itself. Its constructor tags its leaves (``full`` / ``swa`` pool) so each
+leaf's rows name the right pool; a free deferred by a free group shows up when the group releases
+it (``free_group_end``), as DESIGN.md §3 requires. ``ReqToTokenPool`` rows (pool
+``req_to_token``) count request rows, and tell the stats sampler which requests hold KV.
+
+Reads only CPU-side values: ``available_size()`` is ``len()`` of the free-list tensors plus a
+Python counter. Page ids (``detail="pages"``) are the one exception and cost a device sync.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+
+import tracer
+from tracer.schema import Pool, PoolOp
+from tracer.sglang import state
+
+_NOOP = state._NOOP
+FULL, SWA = int(Pool.FULL), int(Pool.SWA)
+ALLOC, FREE, ALLOC_FAIL = int(PoolOp.ALLOC), int(PoolOp.FREE), int(PoolOp.ALLOC_FAIL)
+GROUP_BEGIN, GROUP_END = int(PoolOp.FREE_GROUP_BEGIN), int(PoolOp.FREE_GROUP_END)
+MERGE, CLEAR = int(PoolOp.MERGE), int(PoolOp.CLEAR)
+
+# Methods of the leaf allocators (and their base) that may change occupancy, by kind.
+LEAF_METHODS: dict[str, str] = {
+    "alloc": "alloc",
+    "alloc_extend": "alloc",
+    "alloc_decode": "alloc",
+    "free": "free",
+    "free_page_ids": "free",
+    "free_segment": "free",
+    "free_segments": "free",
+    "free_full": "free",
+    "free_full_segment": "free",
+    "free_full_segments": "free",
+    "_release_page_ids": "free",
+    "free_group_begin": "group_begin",
+    "free_group_end": "group_end",
+    "clear": "clear",
+    "resize": "clear",
+}
+# Composite (SWA) methods wrapped only to tag leaves lazily / emit SWA-side group markers.
+SWA_METHODS = (
+    "alloc", "alloc_extend", "alloc_extend_swa_tail", "alloc_decode", "free", "free_swa",
+    "free_swa_segment", "free_full", "free_segment", "free_full_segment", "clear",
+)
+
+_leaf_types: tuple[type, ...] = ()
+_swa_types: tuple[type, ...] = ()
+
+
+def _pages_mode() -> bool:
+    rec = tracer._active
+    return rec is not None and rec.opts.detail == "pages"
+
+
+def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
+    if ids is None:
+        tracer.pool(pool, op, state.cur_rid[0], n, n // ps if ps > 1 else n, dur_ns)
+    else:
+        tracer.pool_ids(pool, op, state.cur_rid[0], n, n // ps if ps > 1 else n, dur_ns, ids)
+
+
+def _requested_slots(name: str, args, kwargs) -> int:
+    """Slots an allocation asked for (for ``alloc_fail`` rows)."""
+    try:
+        if name == "alloc":
+            return int(kwargs.get("need_size", args[0] if args else 0))
+        if name == "alloc_extend":
+            return int(kwargs.get("extend_num_tokens", args[5] if len(args) > 5 else 0))
+        if name == "alloc_decode":
+            return len(kwargs.get("seq_lens_cpu", args[1] if len(args) > 1 else ()))
+    except Exception:
+        pass
+    return 0
+
+
+def _staged_slots(a) -> int:
+    """Slots waiting in a leaf's release/staged list (merged by ``merge_and_sort_free``)."""
+    n = a.__dict__.get("num_staged_pages")
+    if n is not None:
+        return int(n) * a.page_size
+    rel = a.__dict__.get("release_pages")
+    return len(rel) if rel is not None else 0
+
+
+def _ids_numpy(tensors) -> object:
+    import numpy as np
+
+    parts = [t.reshape(-1).cpu().numpy() for t in tensors if t is not None and t.numel()]
+    return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
+
+
+def _alloc_page_ids(a, name: str, fp0, k_pages: int, out):
+    """Page ids an allocation took: the head of the free list before the call (no merge)."""
+    fp = a.free_pages
+    try:
+        if fp0 is not None and len(fp0) - k_pages == len(fp) and (
+            len(fp) == 0 or fp.untyped_storage().data_ptr() == fp0.untyped_storage().data_ptr()
+        ):
+            return _ids_numpy([fp0[:k_pages]])
+        if name == "alloc" and out is not None:
+            return _ids_numpy([out[:: a.page_size] // a.page_size])
+    except Exception as e:
+        state.note_failure("allocator.page_ids", e)
+    return None
+
+
+def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, out, fp0, cap):
+    pool = a.__dict__.get("_kvt_pool", FULL)
+    if pool is None:
+        return
+    ps = a.page_size
+    delta = before - a.available_size()
+    if kind == "group_begin":
+        _emit(pool, GROUP_BEGIN, 0, ps, dur_ns)
+        return
+    if delta > 0:
+        ids = _alloc_page_ids(a, name, fp0, delta // ps, out) if fp0 is not None else None
+        _emit(pool, ALLOC, delta, ps, dur_ns, ids)
+    elif delta < 0:
+        ids = _ids_numpy(cap) if cap is not None else None
+        if ids is not None and ps > 1 and type(a).__name__ == "TokenToKVPoolAllocator":
+            ids = ids // ps
+        _emit(pool, FREE, -delta, ps, dur_ns, ids)
+    elif kind == "alloc" and out is None:
+        _emit(pool, ALLOC_FAIL, _requested_slots(name, args, kwargs), ps, dur_ns)
+    if kind == "group_end":
+        _emit(pool, GROUP_END, 0, ps, 0)
+    elif kind == "clear" and delta < 0:
+        _emit(pool, CLEAR, -delta, ps, 0)
+
+
+def _make_leaf(kind: str, name: str):
+    def make(orig):
+        def leaf_op(self, *args, **kwargs):
+            if tracer.pool is _NOOP or not isinstance(self, _leaf_types):
+                return orig(self, *args, **kwargs)
+            d = self.__dict__
+            if d.get("_kvt_busy"):
+                cap = d.get("_kvt_cap")
+                if cap is not None:  # detail=pages: collect the ids actually released
+                    _capture_inner(self, name, args, cap)
+                return orig(self, *args, **kwargs)
+            try:
+                before = self.available_size()
+            except Exception:  # under construction (free list not built yet)
+                return orig(self, *args, **kwargs)
+            fp0 = cap = None
+            if _pages_mode():
+                fp0 = d.get("free_pages") if kind == "alloc" else None
+                cap = d["_kvt_cap"] = []
+                _capture_inner(self, name, args, cap)
+            d["_kvt_busy"] = True
+            out = None
+            t0 = perf_counter_ns()
+            try:
+                out = orig(self, *args, **kwargs)
+                return out
+            finally:
+                dur = perf_counter_ns() - t0
+                d["_kvt_busy"] = False
+                if cap is not None:
+                    d.pop("_kvt_cap", None)
+                try:
+                    _account(self, kind, name, before, dur, args, kwargs, out, fp0, cap)
+                except Exception as e:
+                    state.note_failure(f"allocator.{name}", e)
+
+        return leaf_op
+
+    return make
+
+
+def _capture_inner(a, name: str, args, cap: list) -> None:
+    """detail=pages: remember the page/slot ids a leaf really puts back on its free list."""
+    try:
+        if name == "_release_page_ids":
+            cap.extend(args)
+        elif name == "free" and not hasattr(a, "staged_pages") and a.free_group is None and args:
+            cap.append(args[0])  # TokenToKVPoolAllocator: slot ids are page ids at ps=1
+    except Exception as e:
+        state.note_failure("allocator.capture", e)
+
+
+def _make_merge():
+    def make(orig):
+        def merge(self, *args, **kwargs):
+            if tracer.pool is _NOOP or not isinstance(self, _leaf_types):
+                return orig(self, *args, **kwargs)
+            try:
+                staged = _staged_slots(self)
+            except Exception:
+                staged = 0
+            t0 = perf_counter_ns()
+            out = orig(self, *args, **kwargs)
+            if staged > 0:
+                try:
+                    pool = self.__dict__.get("_kvt_pool", FULL)
+                    if pool is not None:
+                        _emit(pool, MERGE, staged, self.page_size, perf_counter_ns() - t0)
+                except Exception as e:
+                    state.note_failure("allocator.merge", e)
+            return out
+
+        return merge
+
+    return make
+
+
+# ------------------------------------------------------------------ SWA composite
+def tag_swa(a) -> None:
+    """Tag the leaves of an SWA allocator with their pools (idempotent).
+
+    Mutates: ``a.full_attn_allocator._kvt_pool``, ``a.swa_attn_allocator._kvt_pool`` and
+    ``a._kvt_tagged``.
+    """
+    full = a.__dict__.get("full_attn_allocator")
+    swa = a.__dict__.get("swa_attn_allocator")
+    if swa is not None:
+        swa.__dict__["_kvt_pool"] = SWA
+    if full is not None and full is not swa:
+        full.__dict__["_kvt_pool"] = FULL
+    if getattr(a, "_swa_req_ring", False) and swa is not None and swa is not full:
+        swa.__dict__["_kvt_pool"] = None  # ring mode: SWA slots are not paged from this leaf
+    a.__dict__["_kvt_tagged"] = True
+
+
+def _make_swa_init():
+    def make(orig):
+        def init(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            try:
+                tag_swa(self)
+                state.registry.allocator = self
+                state.touch("allocator")
+            except Exception as e:
+                state.note_failure("allocator.swa_init", e)
+
+        return init
+
+    return make
+
+
+def _make_swa_op(name: str):
+    def make(orig):
+        def swa_op(self, *args, **kwargs):
+            if "_kvt_tagged" not in self.__dict__ and isinstance(self, _swa_types):
+                try:
+                    tag_swa(self)
+                except Exception as e:
+                    state.note_failure("allocator.tag", e)
+            return orig(self, *args, **kwargs)
+
+        return swa_op
+
+    return make
+
+
+def _make_swa_group(kind: str):
+    """SWA-side free-group markers (the full side's leaf emits its own)."""
+
+    def make(orig):
+        def group(self, *args, **kwargs):
+            if tracer.pool is _NOOP or not isinstance(self, _swa_types):
+                return orig(self, *args, **kwargs)
+            if "_kvt_tagged" not in self.__dict__:
+                tag_swa(self)
+            swa = self.__dict__.get("swa_attn_allocator")
+            pool = swa.__dict__.get("_kvt_pool") if swa is not None else None
+            if pool is not None and kind == "group_begin" and swa is not self.full_attn_allocator:
+                _emit(pool, GROUP_BEGIN, 0, self.page_size, 0)
+            out = orig(self, *args, **kwargs)
+            if pool is not None and kind == "group_end" and swa is not self.full_attn_allocator:
+                _emit(pool, GROUP_END, 0, self.page_size, 0)
+            return out
+
+        return group
+
+    return make
+
+
+def _make_leaf_init():
+    def make(orig):
+        def init(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            try:
+                if state.registry.allocator is None:
+                    state.registry.allocator = self
+                state.touch("allocator")
+            except Exception as e:
+                state.note_failure("allocator.init", e)
+
+        return init
+
+    return make
+
+
+# ------------------------------------------------------------------ ReqToTokenPool
+REQ = int(Pool.REQ_TO_TOKEN)
+
+
+def _make_req_pool(name: str):
+    def make(orig):
+        def req_op(self, *args, **kwargs):
+            if tracer.pool is _NOOP:
+                return orig(self, *args, **kwargs)
+            d = self.__dict__
+            if d.get("_kvt_busy"):
+                return orig(self, *args, **kwargs)
+            try:
+                before = len(self.free_slots)
+            except Exception:
+                return orig(self, *args, **kwargs)
+            d["_kvt_busy"] = True
+            out = None
+            t0 = perf_counter_ns()
+            try:
+                out = orig(self, *args, **kwargs)
+                return out
+            finally:
+                dur = perf_counter_ns() - t0
+                d["_kvt_busy"] = False
+                try:
+                    _account_req_pool(self, name, before, dur, args, out)
+                except Exception as e:
+                    state.note_failure(f"req_to_token.{name}", e)
+
+        return req_op
+
+    return make
+
+
+def _account_req_pool(p, name: str, before: int, dur_ns: int, args, out) -> None:
+    delta = before - len(p.free_slots)
+    rid = state.cur_rid[0]
+    if name == "alloc" and args:
+        live = state.registry.live_reqs
+        for r in args[0]:
+            live[id(r)] = r
+        if len(args[0]) == 1:
+            rid = state.rid_of(args[0][0])
+    elif name == "free" and args:
+        state.registry.live_reqs.pop(id(args[0]), None)
+        rid = state.rid_of(args[0])
+    if delta > 0:
+        tracer.pool(REQ, ALLOC, rid, delta, delta, dur_ns)
+    elif delta < 0:
+        tracer.pool(REQ, FREE, rid, -delta, -delta, dur_ns)
+    elif name in ("alloc", "alloc_rows") and out is None:
+        tracer.pool(REQ, ALLOC_FAIL, rid, 0, 0, dur_ns)
+    if name == "clear":
+        state.registry.live_reqs.clear()
+        tracer.pool(REQ, CLEAR, rid, max(0, -delta), max(0, -delta), 0)
+
+
+# ------------------------------------------------------------------ install
+def install(patcher, lazy: bool = False) -> int:
+    """Wrap the allocator classes. Returns the number of methods wrapped now.
+
+    Args:
+        patcher: the ``Patcher`` recording every patch.
+        lazy: only wrap modules already imported (autoload); else import them.
+    Mutates: the sglang allocator classes (through ``patcher``) and this module's type tuples.
+    """
+    global _leaf_types, _swa_types
+    from tracer.sglang.patching import target
+
+    base = target("sglang.srt.mem_cache.allocator.base", lazy)
+    paged = target("sglang.srt.mem_cache.allocator.paged", lazy)
+    token = target("sglang.srt.mem_cache.allocator.token", lazy)
+    n = 0
+    if base is not None and paged is not None and token is not None:
+        Base = base.BaseTokenToKVPoolAllocator
+        Token, Paged = token.TokenToKVPoolAllocator, paged.PagedTokenToKVPoolAllocator
+        _leaf_types = (Token, Paged)
+        for name, kind in LEAF_METHODS.items():
+            for cls in (Base, Token, Paged):
+                n += patcher.wrap_method(cls, name, _make_leaf(kind, name))
+            # Subclasses of the leaves that override (e.g. the NPU paged allocator) are leaves.
+            for leaf in _leaf_types:
+                n += patcher.wrap_method_tree(leaf, name, _make_leaf(kind, name))
+        for cls in (Base, Token, Paged):
+            n += patcher.wrap_method(cls, "merge_and_sort_free", _make_merge())
+        for leaf in _leaf_types:
+            n += patcher.wrap_method(leaf, "__init__", _make_leaf_init())
+    swa = target("sglang.srt.mem_cache.allocator.swa", lazy)
+    if swa is not None:
+        S = swa.SWATokenToKVPoolAllocator
+        _swa_types = (S,)
+        n += patcher.wrap_method(S, "__init__", _make_swa_init())
+        for name in SWA_METHODS:
+            n += patcher.wrap_method(S, name, _make_swa_op(name))
+        n += patcher.wrap_method(S, "free_group_begin", _make_swa_group("group_begin"))
+        n += patcher.wrap_method(S, "free_group_end", _make_swa_group("group_end"))
+    mp = target("sglang.srt.mem_cache.memory_pool", lazy)
+    if mp is not None:
+        for name in ("alloc", "alloc_rows", "free", "free_rows", "clear"):
+            n += patcher.wrap_method(mp.ReqToTokenPool, name, _make_req_pool(name))
+    return n

@@ -1,0 +1,201 @@
+"""Activation without code changes: ``KVTRACE_DIR`` + a ``.pth`` file (or ``kvtrace launch``).
+
+How it works:
+
+1. ``kvtrace_autoload.pth`` (in site-packages; ``kvtrace hooks install-pth``) runs at interpreter
+   start-up. Only when ``KVTRACE_DIR`` is set, it executes ``autoload_boot.py`` (stdlib only),
+   which puts a watcher on ``sys.meta_path``. Without ``KVTRACE_DIR`` it costs one environment
+   lookup. ``kvtrace launch`` does the same through a ``sitecustomize`` shim on ``PYTHONPATH``,
+   so it works without installing anything.
+2. When a watched sglang module (allocators, host pools, radix cache, scheduler...) has finished
+   loading, :func:`on_module_loaded` installs the hooks for what is loaded so far
+   (``install(lazy=True)``; repeated as more modules load).
+3. The first real pool, tree or scheduler built in the process starts the recorder into
+   ``KVTRACE_DIR`` (so the tokenizer/detokenizer processes, which build none, write nothing).
+   Each process records its own rank partition: ``dp_rank * tp_size * pp_size + pp_rank *
+   tp_size + tp_rank`` from sglang's parallel context when known and free, else the lowest free
+   rank.
+
+Environment: ``KVTRACE_DIR`` (trace directory; required), ``KVTRACE_DETAIL`` (``counts`` |
+``pages``), ``KVTRACE_FLUSH_MS`` (default 1000), ``KVTRACE_HASH_BLOCK_TOKENS`` (default 16),
+``KVTRACE_IDLE_SAMPLE_MS`` (default 1000), ``KVTRACE_AUTOLOAD=0`` (disarm without unsetting
+``KVTRACE_DIR``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+
+import tracer
+from tracer.sglang import serverinfo, state
+
+log = logging.getLogger("kvtrace.sglang")
+
+PTH_NAME = "kvtrace_autoload.pth"
+BOOT_FILE = Path(__file__).with_name("autoload_boot.py")
+_lock = threading.RLock()
+_status = {"disabled": None, "installed": 0, "manifest_updated": False}
+
+
+def enabled() -> bool:
+    return bool(os.environ.get("KVTRACE_DIR")) and os.environ.get("KVTRACE_AUTOLOAD", "1") != "0"
+
+
+def on_module_loaded(name: str) -> None:
+    """Watcher callback: install the hooks for the sglang modules loaded so far.
+
+    Never raises (errors are logged once); a wrong sglang version disarms the autoload.
+    """
+    if not enabled() or _status["disabled"]:
+        return
+    with _lock:
+        try:
+            from tracer.sglang import hooks
+
+            if _status["installed"] == 0:
+                hooks.check_version()
+            _status["installed"] += hooks.install(check=False, lazy=True)
+            state.starter[0] = start_recording
+        except hooks.UnsupportedSglang as e:
+            _status["disabled"] = str(e)
+            log.error("kvtrace: %s; hooks not installed", e)
+        except Exception as e:
+            state.note_failure("autoload.install", e)
+
+
+def _rank_guess():
+    """This process's rank from sglang's parallel context, or None (auto) when unknown/taken."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        p = get_parallel()
+        tp, tp_size = int(p.tp_rank), int(p.tp_size)
+        pp, pp_size = int(getattr(p, "pp_rank", 0) or 0), int(getattr(p, "pp_size", 1) or 1)
+        dp = getattr(p, "dp_rank", None)
+        rank = (int(dp) if dp is not None else 0) * tp_size * pp_size + pp * tp_size + tp
+    except Exception:
+        return None
+    taken = Path(os.environ["KVTRACE_DIR"]) / "ranks" / f"rank={rank}.json"
+    return None if taken.exists() else rank
+
+
+def start_recording(reason: str) -> None:
+    """Start the recorder in this process (called on the first real sglang object)."""
+    if tracer.is_active() or not enabled():
+        return
+    with _lock:
+        if tracer.is_active():
+            return
+        from tracer.sglang import requests
+
+        opts = {"flush_interval_ms": int(os.environ.get("KVTRACE_FLUSH_MS", "1000")),
+                "detail": os.environ.get("KVTRACE_DETAIL", "counts")}
+        tracer.start(os.environ["KVTRACE_DIR"], rank=_rank_guess(), source="sglang-hooks",
+                     server=serverinfo.from_live(),
+                     hash_block_tokens=int(os.environ.get("KVTRACE_HASH_BLOCK_TOKENS",
+                                                          requests.DEFAULT_HASH_BLOCK_TOKENS)),
+                     **opts)
+        state.manifest_pending[0] = True
+        log.info("kvtrace: recording %s (pid %d, first object: %s)", os.environ["KVTRACE_DIR"],
+                 os.getpid(), reason)
+
+
+def update_manifest_server() -> None:
+    """Merge the live server description (pool sizes...) into the trace manifest once."""
+    state.manifest_pending[0] = False
+    rec = tracer.active()
+    if rec is None:
+        return
+    live = serverinfo.from_live()
+    if not live:
+        return
+    from tracer import manifest
+
+    def merge(m: dict) -> None:
+        srv = m.setdefault("server", {}) or {}
+        srv.update({k: v for k, v in live.items() if v is not None})
+        m["server"] = srv
+
+    manifest.update_manifest(rec.dir, merge)
+
+
+# ------------------------------------------------------------------ .pth management
+def pth_line(boot: Path = BOOT_FILE) -> str:
+    """The single line of the ``.pth`` file (executed by ``site`` at start-up)."""
+    p = str(boot.resolve())
+    return (
+        "import os; _kvt_boot = " + repr(p) + "; "
+        "os.environ.get('KVTRACE_DIR') and os.path.exists(_kvt_boot) and "
+        "exec(compile(open(_kvt_boot).read(), _kvt_boot, 'exec'), "
+        "{'__name__': 'kvtrace_autoload_boot'})\n"
+    )
+
+
+def site_packages() -> Path:
+    """This interpreter's site-packages (purelib) directory."""
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def install_pth(target_dir: str | os.PathLike | None = None) -> Path:
+    """Write ``kvtrace_autoload.pth`` into ``target_dir`` (default: site-packages). Idempotent.
+
+    Returns: the path written.
+    """
+    d = Path(target_dir) if target_dir is not None else site_packages()
+    p = d / PTH_NAME
+    p.write_text(pth_line())
+    return p
+
+
+def uninstall_pth(target_dir: str | os.PathLike | None = None) -> bool:
+    """Remove the ``.pth`` file; True when one was removed."""
+    d = Path(target_dir) if target_dir is not None else site_packages()
+    p = d / PTH_NAME
+    if p.exists():
+        p.unlink()
+        return True
+    return False
+
+
+def pth_status(target_dir: str | os.PathLike | None = None) -> dict:
+    d = Path(target_dir) if target_dir is not None else site_packages()
+    p = d / PTH_NAME
+    return {"pth": str(p), "installed": p.exists(),
+            "current": p.exists() and p.read_text() == pth_line(),
+            "armed_here": "_kvtrace_autoload_watcher" in sys.modules}
+
+
+SITECUSTOMIZE = '''\
+# kvtrace launch shim: arm the kvtrace autoload, then run any other sitecustomize.
+import os as _os, sys as _sys
+_kvt_boot = {boot!r}
+try:
+    if _os.environ.get("KVTRACE_DIR") and _os.path.exists(_kvt_boot):
+        exec(compile(open(_kvt_boot).read(), _kvt_boot, "exec"), {{"__name__": "kvtrace_autoload_boot"}})
+except Exception as _e:
+    _sys.stderr.write("kvtrace: autoload not armed: %r\\n" % (_e,))
+try:
+    import importlib.machinery as _m, importlib.util as _u
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
+    _spec = _m.PathFinder.find_spec("sitecustomize", _rest)
+    if _spec is not None and _spec.loader is not None:
+        _mod = _u.module_from_spec(_spec)
+        _spec.loader.exec_module(_mod)
+except Exception as _e:
+    _sys.stderr.write("kvtrace: chained sitecustomize failed: %r\\n" % (_e,))
+'''
+
+
+def write_launch_shim(directory: str | os.PathLike) -> Path:
+    """Write a ``sitecustomize.py`` shim into ``directory`` (to prepend to ``PYTHONPATH``)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / "sitecustomize.py"
+    p.write_text(SITECUSTOMIZE.format(boot=str(BOOT_FILE.resolve())))
+    return p

@@ -1,0 +1,195 @@
+"""Hooks on HiCache host pools: alloc, free (lazy release) and merge, each with ``dur_ns``.
+
+A host pool (``HostKVCache`` and subclasses, ``LogicalHostPool``) counts released-but-unmerged
+slots as available, so a free is recorded when it is queued (DESIGN.md §3). Like the device
+allocators, the outermost ``alloc``/``free``/``clear`` call measures ``available_size()`` before
+and after, under the pool's own re-entrant lock so that a concurrent thread cannot slip in between.
+``_merge_release_slots`` (the concatenation that #30658 made lazy) is a ``merge`` marker whose
+``dur_ns`` is the CPU cost of that concatenation.
+
+Pools are tagged by their entry in a ``HostPoolGroup``: ``kv`` -> ``host_full``, ``swa`` ->
+``host_swa``; other side pools (mamba, indexer, ...) are not recorded. An ungrouped pool counts as
+``host_full``.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+
+import tracer
+from tracer.schema import Pool, PoolOp
+from tracer.sglang import state
+
+_NOOP = state._NOOP
+HOST_FULL, HOST_SWA = int(Pool.HOST_FULL), int(Pool.HOST_SWA)
+ALLOC, FREE, ALLOC_FAIL = int(PoolOp.ALLOC), int(PoolOp.FREE), int(PoolOp.ALLOC_FAIL)
+MERGE, CLEAR = int(PoolOp.MERGE), int(PoolOp.CLEAR)
+
+
+def _page_size(p) -> int:
+    return int(getattr(p, "page_size", 1) or 1)
+
+
+def _ids(t, ps: int):
+    import numpy as np
+
+    try:
+        a = t.reshape(-1).cpu().numpy()
+        return (a[::ps] // ps).astype(np.int32) if ps > 1 else a.astype(np.int32)
+    except Exception:
+        return None
+
+
+def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
+    pages = n // ps if ps > 1 else n
+    if ids is None:
+        tracer.pool(pool, op, state.cur_rid[0], n, pages, dur_ns)
+    else:
+        tracer.pool_ids(pool, op, state.cur_rid[0], n, pages, dur_ns, ids)
+
+
+def _make_op(name: str):
+    def make(orig):
+        def host_op(self, *args, **kwargs):
+            if tracer.pool is _NOOP:
+                return orig(self, *args, **kwargs)
+            d = self.__dict__
+            pool = d.get("_kvt_pool", HOST_FULL)
+            lock = d.get("lock")
+            if pool is None or lock is None or d.get("_kvt_busy"):
+                return orig(self, *args, **kwargs)
+            with lock:
+                try:
+                    before = self.available_size()
+                except Exception:
+                    return orig(self, *args, **kwargs)
+                d["_kvt_busy"] = True
+                out = None
+                t0 = perf_counter_ns()
+                try:
+                    out = orig(self, *args, **kwargs)
+                    return out
+                finally:
+                    dur = perf_counter_ns() - t0
+                    d["_kvt_busy"] = False
+                    try:
+                        _account(self, pool, name, before, dur, args, kwargs, out)
+                    except Exception as e:
+                        state.note_failure(f"host_pool.{name}", e)
+
+        return host_op
+
+    return make
+
+
+def _account(p, pool: int, name: str, before: int, dur_ns: int, args, kwargs, out) -> None:
+    delta = before - p.available_size()
+    ps = _page_size(p)
+    pages = tracer._active is not None and tracer._active.opts.detail == "pages"
+    if delta > 0:
+        _emit(pool, ALLOC, delta, ps, dur_ns, _ids(out, ps) if pages and out is not None else None)
+    elif delta < 0:
+        ids = _ids(args[0], ps) if pages and name == "free" and args else None
+        _emit(pool, FREE, -delta, ps, dur_ns, ids)
+    elif name == "alloc" and out is None:
+        need = kwargs.get("need_size", args[0] if args else 0)
+        _emit(pool, ALLOC_FAIL, int(need), ps, dur_ns)
+    if name == "clear" and delta < 0:
+        _emit(pool, CLEAR, -delta, ps, 0)
+
+
+def _make_merge():
+    def make(orig):
+        def merge(self, *args, **kwargs):
+            if tracer.pool is _NOOP:
+                return orig(self, *args, **kwargs)
+            pool = self.__dict__.get("_kvt_pool", HOST_FULL)
+            staged = int(self.__dict__.get("num_release_slots", 0) or 0)
+            t0 = perf_counter_ns()
+            out = orig(self, *args, **kwargs)
+            if staged and pool is not None:
+                try:
+                    _emit(pool, MERGE, staged, _page_size(self), perf_counter_ns() - t0)
+                except Exception as e:
+                    state.note_failure("host_pool.merge", e)
+            return out
+
+        return merge
+
+    return make
+
+
+def _make_init():
+    def make(orig):
+        def init(self, *args, **kwargs):
+            orig(self, *args, **kwargs)
+            try:
+                state.registry.host_pools[id(self)] = self
+                state.touch("host_pool")
+            except Exception as e:
+                state.note_failure("host_pool.init", e)
+
+        return init
+
+    return make
+
+
+def tag_group(group) -> None:
+    """Tag the host pools of a ``HostPoolGroup`` by entry name (idempotent).
+
+    Mutates: ``entry.host_pool._kvt_pool`` for each entry; the registry's host pools.
+    """
+    for entry in getattr(group, "entries", ()):
+        name = getattr(entry.name, "value", entry.name)
+        hp = entry.host_pool
+        if hp is None:
+            continue
+        if name == "kv":
+            tag = HOST_FULL
+        elif name == "swa":
+            tag = HOST_SWA
+        else:
+            tag = None
+        try:
+            hp.__dict__["_kvt_pool"] = tag
+            if tag is not None:
+                state.registry.host_pools[id(hp)] = hp
+            else:
+                state.registry.host_pools.pop(id(hp), None)
+        except Exception:
+            pass
+
+
+def _make_group(name: str):
+    def make(orig):
+        def group_op(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            try:
+                tag_group(self)
+            except Exception as e:
+                state.note_failure(f"host_pool.group_{name}", e)
+            return out
+
+        return group_op
+
+    return make
+
+
+def install(patcher, lazy: bool = False) -> int:
+    """Wrap host pool classes (``lazy``: only if already imported). Returns count."""
+    from tracer.sglang.patching import target
+
+    n = 0
+    hb = target("sglang.srt.mem_cache.pool_host.base", lazy)
+    mph = target("sglang.srt.mem_cache.memory_pool_host", lazy)
+    bases = [m for m in ((hb and hb.HostKVCache), (mph and mph.LogicalHostPool)) if m]
+    for b in bases:
+        for name in ("alloc", "free", "clear"):
+            n += patcher.wrap_method_tree(b, name, _make_op(name))
+        n += patcher.wrap_method_tree(b, "_merge_release_slots", _make_merge())
+        n += patcher.wrap_method(b, "__init__", _make_init())
+    grp = target("sglang.srt.mem_cache.pool_host.group", lazy)
+    if grp is not None:
+        n += patcher.wrap_method(grp.HostPoolGroup, "__init__", _make_group("init"))
+        n += patcher.wrap_method(grp.HostPoolGroup, "add_entry", _make_group("add_entry"))
+    return n
