@@ -1,0 +1,344 @@
+"""Device KV allocators: a paged free list on an int64 torch tensor (page_size 1 = token allocator).
+
+Semantics follow SGLang 0.5.23's ``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator``
+(see DESIGN.md §4.1), re-implemented:
+
+* page ids run 1..num_pages; page 0 (slot 0..ps-1) is the reserved padding sink;
+* allocation takes the head of the free list; results are cloned so they never pin the list;
+* ``device_free`` decides where freed pages go: ``prepend`` (paged allocator, reuse-first),
+  ``append`` (token allocator) or ``sorted_merge`` (staged, then ``sort(cat(free, *staged))``
+  only when an allocation runs short — the documented O(pool) cost);
+* free groups defer every free until ``free_group_end`` (occupancy lags inside a step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from replay.memory.results import IntegrityError, MemoryModelError
+
+_I64 = torch.int64
+
+
+def pages_to_tokens(pages: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Expand page ids to the token slot indices they cover, page by page.
+
+    Args:
+        pages: int64 page ids.
+        page_size: tokens per page.
+    Returns:
+        int64 tensor of ``len(pages) * page_size`` slots.
+    """
+    if page_size == 1:
+        return pages.clone()
+    offsets = torch.arange(page_size, dtype=_I64)
+    return (pages[:, None] * page_size + offsets).reshape(-1)
+
+
+def num_new_pages(prefix_len: int, seq_len: int, page_size: int) -> int:
+    """Pages a request needs to grow its KV from ``prefix_len`` to ``seq_len`` tokens."""
+    return -(-seq_len // page_size) - (-(-prefix_len // page_size))
+
+
+class DeviceAllocator:
+    """One device pool: a paged free list of int64 page ids.
+
+    Args:
+        capacity_tokens: pool size in tokens (rounded down to whole pages).
+        page_size: tokens per page; 1 gives the token allocator.
+        device_free: ``prepend`` | ``append`` | ``sorted_merge``.
+        name: pool name for messages (``full`` / ``swa``).
+    """
+
+    def __init__(self, capacity_tokens: int, page_size: int, device_free: str, name: str = "full"):
+        if device_free not in ("prepend", "append", "sorted_merge"):
+            raise ValueError(f"unknown device_free {device_free!r}")
+        self.name = name
+        self.page_size = page_size
+        self.num_pages = capacity_tokens // page_size
+        self.capacity_tokens = self.num_pages * page_size
+        self.device_free = device_free
+        self.clear()
+
+    # ---- state -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """Reset to an empty pool. Mutates: every field."""
+        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=_I64)
+        self.staged_pages: list[torch.Tensor] = []
+        self.num_staged_pages = 0
+        self._group_pages: list[torch.Tensor] | None = None
+        self._group_tokens: list[torch.Tensor] | None = None
+        self.num_merges = 0
+        self.num_cat_elems = 0
+
+    @property
+    def need_sort(self) -> bool:
+        """SGLang's ``need_sort``: frees are staged and merged lazily."""
+        return self.device_free == "sorted_merge"
+
+    @property
+    def in_free_group(self) -> bool:
+        """Whether frees are currently deferred."""
+        return self._group_pages is not None
+
+    def available_pages(self) -> int:
+        """Free pages, staged ones included (they count as available)."""
+        return len(self.free_pages) + self.num_staged_pages
+
+    def available_tokens(self) -> int:
+        """Free slots, staged ones included."""
+        return self.available_pages() * self.page_size
+
+    def used_tokens(self) -> int:
+        """Slots not available (in the tree, in requests or pending in a free group)."""
+        return self.capacity_tokens - self.available_tokens()
+
+    def pending_group_page_ids(self) -> torch.Tensor:
+        """Page ids freed inside the open free group, not yet released."""
+        if self._group_pages is None:
+            return torch.empty((0,), dtype=_I64)
+        parts = list(self._group_pages)
+        if self._group_tokens:
+            ids = torch.cat(self._group_tokens) // self.page_size
+            parts.append(ids if self.page_size == 1 else torch.unique(ids))
+        return torch.cat(parts) if parts else torch.empty((0,), dtype=_I64)
+
+    def pending_group_pages(self) -> int:
+        """Number of pages freed inside the open free group, not yet released."""
+        return len(self.pending_group_page_ids())
+
+    def all_free_page_ids(self) -> torch.Tensor:
+        """Every available page id (free list then staged), for censuses."""
+        if not self.staged_pages:
+            return self.free_pages
+        return torch.cat((self.free_pages, *self.staged_pages))
+
+    def merge_and_sort_free(self) -> None:
+        """Merge staged pages into the free list and sort it (O(pool)). Mutates: free list."""
+        if not self.staged_pages:
+            return
+        merged = torch.cat((self.free_pages, *self.staged_pages))
+        self.num_cat_elems += len(merged)
+        self.free_pages = torch.sort(merged).values
+        self.staged_pages = []
+        self.num_staged_pages = 0
+        self.num_merges += 1
+
+    # ---- allocation --------------------------------------------------------------------
+
+    def _take(self, n: int) -> torch.Tensor:
+        out = self.free_pages[:n].clone()
+        self.free_pages = self.free_pages[n:]
+        return out
+
+    def alloc_pages(self, num_pages: int) -> torch.Tensor | None:
+        """Take ``num_pages`` pages from the head.
+
+        Args:
+            num_pages: pages wanted.
+        Returns:
+            cloned int64 page ids, or None when the pool is short (nothing taken).
+        Mutates: free list (and merges staged pages when short).
+        """
+        if num_pages > len(self.free_pages):
+            self.merge_and_sort_free()
+        if num_pages > len(self.free_pages):
+            return None
+        return self._take(num_pages)
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """Page-aligned allocation returning token slots (SGLang ``alloc``).
+
+        Args:
+            num_tokens: a multiple of page_size.
+        Returns:
+            token slot indices, or None when short.
+        Mutates: free list.
+        """
+        if num_tokens % self.page_size:
+            raise MemoryModelError(f"{self.name}: alloc({num_tokens}) is not page-aligned")
+        pages = self.alloc_pages(num_tokens // self.page_size)
+        return None if pages is None else pages_to_tokens(pages, self.page_size)
+
+    def alloc_extend_pages(
+        self, prefix_lens: Sequence[int], seq_lens: Sequence[int]
+    ) -> list[list[int]] | None:
+        """New pages for a batch of extends, in batch order (the paged ``alloc_extend``).
+
+        The partial last page of each prefix is filled first (it needs no new page); new pages
+        are consumed from the head in request order. A staged merge runs when the bound
+        ``extend_tokens // ps + bs + 1`` exceeds the free list, as in SGLang.
+
+        Args:
+            prefix_lens: tokens each request already holds.
+            seq_lens: tokens each request holds after the extend.
+        Returns:
+            one list of new page ids per request, or None when short (nothing taken).
+        Mutates: free list.
+        """
+        ps = self.page_size
+        counts = [num_new_pages(p, s, ps) for p, s in zip(prefix_lens, seq_lens)]
+        extend_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens))
+        if extend_tokens // ps + len(counts) + 1 > len(self.free_pages):
+            self.merge_and_sort_free()
+        total = sum(counts)
+        if total > len(self.free_pages):
+            return None
+        flat = self._take(total).tolist()
+        out, pos = [], 0
+        for c in counts:
+            out.append(flat[pos : pos + c])
+            pos += c
+        return out
+
+    def alloc_extend(
+        self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_locs: Sequence[int]
+    ) -> torch.Tensor | None:
+        """Token slots for a batch of extends (SGLang ``alloc_extend`` output layout).
+
+        Args:
+            prefix_lens / seq_lens: per-request lengths before / after.
+            last_locs: slot of each request's last prefix token (-1 if none).
+        Returns:
+            int64 slots for all extended tokens, batch-major, or None when short.
+        Mutates: free list.
+        """
+        pages = self.alloc_extend_pages(prefix_lens, seq_lens)
+        if pages is None:
+            return None
+        ps = self.page_size
+        parts = []
+        for p, s, last, new in zip(prefix_lens, seq_lens, last_locs, pages):
+            ceil_p = -(-p // ps) * ps
+            in_place = min(s, ceil_p) - p
+            if in_place > 0:
+                parts.append(torch.arange(last + 1, last + 1 + in_place, dtype=_I64))
+            if new:
+                slots = pages_to_tokens(torch.tensor(new, dtype=_I64), ps)
+                parts.append(slots[: s - p - in_place])
+        return torch.cat(parts) if parts else torch.empty((0,), dtype=_I64)
+
+    def alloc_decode_pages(self, seq_lens: Sequence[int]) -> list[int | None] | None:
+        """One decode token per request; a request takes a page when ``(seq-1) % ps == 0``.
+
+        Args:
+            seq_lens: per-request lengths after adding the decode token.
+        Returns:
+            per request the new page id, or None where the last page still has room; None
+            overall when the pool is short.
+        Mutates: free list.
+        """
+        ps = self.page_size
+        if len(seq_lens) > len(self.free_pages):
+            self.merge_and_sort_free()
+        need = [(s - 1) % ps == 0 for s in seq_lens]
+        total = sum(need)
+        if total > len(self.free_pages):
+            return None
+        flat = iter(self._take(total).tolist())
+        return [next(flat) if n else None for n in need]
+
+    def alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> torch.Tensor | None:
+        """Decode slots (SGLang ``alloc_decode``): a new page's first slot or ``last_loc + 1``."""
+        pages = self.alloc_decode_pages(seq_lens)
+        if pages is None:
+            return None
+        ps = self.page_size
+        return torch.tensor(
+            [last + 1 if pg is None else pg * ps for pg, last in zip(pages, last_locs)], dtype=_I64
+        )
+
+    # ---- free --------------------------------------------------------------------------
+
+    def _release(self, page_ids: torch.Tensor) -> None:
+        if self.device_free == "sorted_merge":
+            self.staged_pages.append(page_ids)
+            self.num_staged_pages += len(page_ids)
+            return
+        if self.device_free == "prepend":
+            self.free_pages = torch.cat((page_ids, self.free_pages))
+        else:
+            self.free_pages = torch.cat((self.free_pages, page_ids))
+        self.num_cat_elems += len(self.free_pages)
+
+    def free_page_ids(self, page_ids: torch.Tensor | Sequence[int]) -> None:
+        """Free exactly these pages (no dedup), in order. Mutates: free list or the open group."""
+        if not isinstance(page_ids, torch.Tensor):
+            page_ids = torch.tensor(page_ids, dtype=_I64)
+        if page_ids.numel() == 0:
+            return
+        if self._group_pages is not None:
+            self._group_pages.append(page_ids.clone())
+            return
+        self._release(page_ids)
+
+    def free(self, token_indices: torch.Tensor) -> None:
+        """Free token slots: the paged allocator releases ``unique(idx // ps)`` (sorted).
+
+        Mutates: free list or the open group.
+        """
+        if token_indices.numel() == 0:
+            return
+        if self._group_tokens is not None:
+            self._group_tokens.append(token_indices.clone())
+            return
+        if self.page_size == 1:
+            self._release(token_indices)
+        else:
+            self._release(torch.unique(token_indices // self.page_size))
+
+    def free_group_begin(self) -> None:
+        """Start deferring frees (not nestable). Mutates: group state."""
+        if self._group_pages is not None:
+            raise MemoryModelError(f"{self.name}: free groups cannot be nested")
+        self._group_pages = []
+        self._group_tokens = []
+
+    def free_group_end(self) -> None:
+        """Release everything freed since ``free_group_begin`` in one call per kind."""
+        if self._group_pages is None:
+            raise MemoryModelError(f"{self.name}: free_group_end without begin")
+        tokens, pages = self._group_tokens, self._group_pages
+        self._group_pages = self._group_tokens = None
+        if tokens:
+            self.free(torch.cat(tokens))
+        if pages:
+            self._release(torch.cat(pages))
+
+    # ---- checks ------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Free ids are unique, in 1..num_pages, and never more than the pool.
+
+        Raises:
+            IntegrityError: on a duplicate, an out-of-range id or the reserved page.
+        """
+        ids = self.all_free_page_ids()
+        if len(ids) > self.num_pages:
+            raise IntegrityError(f"{self.name}: {len(ids)} free pages > {self.num_pages}")
+        if len(ids):
+            if int(ids.min()) < 1 or int(ids.max()) > self.num_pages:
+                raise IntegrityError(f"{self.name}: free page id out of range (page 0 is reserved)")
+            if len(torch.unique(ids)) != len(ids):
+                raise IntegrityError(f"{self.name}: duplicate page in the free list (double free)")
+        if self.num_staged_pages != sum(len(t) for t in self.staged_pages):
+            raise IntegrityError(f"{self.name}: staged page count drifted")
+
+
+class TokenAllocator(DeviceAllocator):
+    """Token allocator (page_size 1); SGLang's non-sort token allocator appends on free."""
+
+    def __init__(self, capacity_tokens: int, device_free: str = "append", name: str = "full"):
+        super().__init__(capacity_tokens, 1, device_free, name)
+
+
+class PagedAllocator(DeviceAllocator):
+    """Paged allocator; SGLang's non-sort paged allocator prepends on free."""
+
+    def __init__(
+        self, capacity_tokens: int, page_size: int, device_free: str = "prepend", name: str = "full"
+    ):
+        super().__init__(capacity_tokens, page_size, device_free, name)

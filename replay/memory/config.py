@@ -1,0 +1,116 @@
+"""Frozen configuration of the reference memory model.
+
+Every knob of DESIGN.md §5 that the pools and the tree implement is a field here; names carry
+units. Values are validated at construction, so a bad knob fails before any state exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+DEVICE_FREE_MODES = ("prepend", "append", "sorted_merge")
+HOST_FREE_MODES = ("eager_cat", "lazy_merge")
+SWA_LRU_REFRESH_MODES = ("full_ancestry", "window_aware")
+HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SWA_RELEASE_BOUNDARIES = ("window_plus_page_cut_to_window", "max_window_page")
+CACHE_KINDS = ("radix", "chunk", "eic")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """All knobs of the memory model.
+
+    Attributes:
+        page_size: tokens per page (1 = token allocator).
+        full_pool_tokens: capacity of the full-attention device pool (page-aligned down).
+        sliding_window_tokens: SWA retain window W; 0 = no SWA pool, no SWA component.
+        swa_pool_tokens: capacity of the SWA device pool (used only when W > 0).
+        host_pool_tokens: HiCache host pool for full KV; 0 = no HiCache.
+        swa_host_pool_tokens: HiCache host pool for SWA KV; None = same as host_pool_tokens.
+        cache_kind: ``radix`` (prefix sharing), ``chunk`` (no sharing) or ``eic`` (tree owns
+            FULL only; SWA restored from the external host copy on reuse).
+        device_free: ``prepend`` (paged allocator: freed pages reused first), ``append``
+            (token allocator: freed slots go to the tail) or ``sorted_merge`` (staged, merged and
+            sorted when an allocation runs short; SGLang's ``need_sort``).
+        host_free: ``eager_cat`` (every free concatenates onto the whole free list) or
+            ``lazy_merge`` (released chunks merged only when an allocation runs short).
+        swa_lru_refresh: ``full_ancestry`` or ``window_aware`` (sgl-project/sglang#26615).
+        eviction: FULL eviction strategy name or ``"pkg.mod:Class"`` import path.
+        hicache_write_policy: ``write_through`` (threshold 1), ``write_through_selective``
+            (threshold 2) or ``write_back`` (backup only at eviction).
+        load_back_threshold_tokens: host hits below this many tokens are not loaded back.
+        swa_release_boundary: out-of-window release boundary for radix caches:
+            ``window_plus_page_cut_to_window`` (pre-#29860: keep W) or ``max_window_page``
+            (keep ceil(max(W, ps)) to a page).
+        swa_free_at_unfinished_insert: free out-of-window SWA before inserting an unfinished
+            request (sgl-project/sglang#27402; on by default in 0.5.23).
+        debug_check_every_op: run ``check_integrity()`` after every public operation.
+    """
+
+    page_size: int = 1
+    full_pool_tokens: int = 4096
+    sliding_window_tokens: int = 0
+    swa_pool_tokens: int = 0
+    host_pool_tokens: int = 0
+    swa_host_pool_tokens: int | None = None
+    cache_kind: str = "radix"
+    device_free: str = "prepend"
+    host_free: str = "lazy_merge"
+    swa_lru_refresh: str = "window_aware"
+    eviction: str = "lru"
+    hicache_write_policy: str = "write_through"
+    load_back_threshold_tokens: int = 10
+    swa_release_boundary: str = "max_window_page"
+    swa_free_at_unfinished_insert: bool = True
+    debug_check_every_op: bool = False
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.full_pool_tokens < self.page_size:
+            raise ValueError("full_pool_tokens must hold at least one page")
+        if self.sliding_window_tokens < 0:
+            raise ValueError("sliding_window_tokens must be >= 0")
+        if self.sliding_window_tokens > 0 and self.swa_pool_tokens < self.page_size:
+            raise ValueError("an SWA model needs swa_pool_tokens >= page_size")
+        if self.host_pool_tokens < 0:
+            raise ValueError("host_pool_tokens must be >= 0")
+        if self.cache_kind == "eic" and self.sliding_window_tokens == 0:
+            raise ValueError("cache_kind='eic' needs an SWA model (sliding_window_tokens > 0)")
+        _choice("cache_kind", self.cache_kind, CACHE_KINDS)
+        _choice("device_free", self.device_free, DEVICE_FREE_MODES)
+        _choice("host_free", self.host_free, HOST_FREE_MODES)
+        _choice("swa_lru_refresh", self.swa_lru_refresh, SWA_LRU_REFRESH_MODES)
+        _choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
+        _choice("swa_release_boundary", self.swa_release_boundary, SWA_RELEASE_BOUNDARIES)
+
+    @property
+    def has_swa(self) -> bool:
+        """Whether the model has a sliding-window pool."""
+        return self.sliding_window_tokens > 0
+
+    @property
+    def has_hicache(self) -> bool:
+        """Whether a host (L2) pool backs the tree."""
+        return self.host_pool_tokens > 0 and self.cache_kind == "radix"
+
+    @property
+    def write_through_threshold(self) -> int:
+        """Hit count at which write-through backs a node up (1, or 2 for selective)."""
+        return 2 if self.hicache_write_policy == "write_through_selective" else 1
+
+    @property
+    def resolved_swa_host_pool_tokens(self) -> int:
+        """SWA host pool size after applying the default."""
+        if self.swa_host_pool_tokens is None:
+            return self.host_pool_tokens
+        return self.swa_host_pool_tokens
+
+    def to_dict(self) -> dict:
+        """The resolved config as a plain dict (saved with every result)."""
+        return asdict(self)

@@ -1,0 +1,213 @@
+"""Device and host eviction for the radix tree (DESIGN.md §4.3).
+
+* FULL: a heap over evictable device leaves ranked by the policy; a backed-up leaf is demoted
+  (device copy freed, node stays host-only), an unbacked one is deleted (or, under
+  write_back, backed up first); parents that become leaves join the heap.
+* SWA: the device SWA LRU walked from the tail, skipping SWA-locked nodes; a device leaf is
+  evicted through the FULL leaf path (SWA pressure deletes its full KV), an internal node is
+  tombstoned (SWA freed, FULL kept).
+* After a deletion, childless unlocked ancestors with no FULL on either tier are deleted.
+* Host: FULL via a heap over host leaves; SWA via the host SWA LRU (internal nodes lose only
+  their SWA host copy).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from replay.memory.results import EvictResult
+
+
+class EvictMixin:
+    """Eviction half of ``RadixTree``."""
+
+    def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> EvictResult:
+        """Free at least the requested tokens beyond what is available now, if evictable.
+
+        As SGLang's ``evict_for_alloc``: each request becomes an availability target
+        (available + request); the FULL walk runs until its target is met or nothing is
+        evictable, then the SWA walk (skipped when FULL's cascade already met it).
+
+        Args:
+            full_tokens: full-pool shortfall.
+            swa_tokens: SWA-pool shortfall (ignored without an SWA component).
+        Returns:
+            EvictResult with tokens freed per pool and node counts.
+        Mutates: tree, ledgers, pools.
+        """
+        res = EvictResult()
+        pools = self.pools
+        if full_tokens > 0:
+            target = pools.full_available_tokens() + full_tokens
+            if pools.full_available_tokens() < target:
+                self._evict_full(target, res)
+        if swa_tokens > 0 and self.swa_tree:
+            target = pools.swa_available_tokens() + swa_tokens
+            if pools.swa_available_tokens() < target:
+                self._evict_swa(swa_tokens, target, res)
+        elif swa_tokens > 0 and pools.has_swa:
+            # FULL-only tree over SWA pools (EIC): SWA comes back only with FULL leaves.
+            target = pools.swa_available_tokens() + swa_tokens
+            self._evict_full(target, res, swa_target=True)
+        return res
+
+    # ---- FULL --------------------------------------------------------------------------
+
+    def _heap_entry(self, node):
+        return (self.policy.priority(node), node.last_access, node.id, node)
+
+    def _evict_full(self, target: int, res: EvictResult, swa_target: bool = False) -> None:
+        pools = self.pools
+        avail = pools.swa_available_tokens if swa_target else pools.full_available_tokens
+        heap = [self._heap_entry(n) for n in self.device_leaves]
+        heapq.heapify(heap)
+        while heap and avail() < target:
+            node = heapq.heappop(heap)[-1]
+            if node not in self.device_leaves:
+                continue
+            parent = node.parent
+            self.evict_device_leaf(node, res)
+            if parent in self.device_leaves:
+                heapq.heappush(heap, self._heap_entry(parent))
+
+    def evict_device_leaf(self, node, res: EvictResult) -> None:
+        """Evict one device leaf: demote if backed up, else back up (write_back) or delete."""
+        if node.full_host is None and self.hicache and self.write_back:
+            if not self.backup(node, write_back=True):
+                self._delete_subtree(node, res)
+                return
+        if node.full_host is not None:
+            self._demote(node, res)
+        else:
+            self._delete_subtree(node, res)
+
+    def _demote(self, node, res: EvictResult) -> None:
+        if node.swa is not None:
+            res.swa_tokens += len(node.swa) * self.ps
+            self.pools.free_swa_of(node.full)
+            self._take_swa(node)
+        pages = self._take_full(node)
+        res.full_tokens += len(pages) * self.ps
+        self._free_full_device(pages)
+        res.num_demoted_nodes += 1
+        self._update_leaf_sets(node)
+        self._update_leaf_sets(node.parent)
+
+    def _release_node(self, node, res: EvictResult) -> None:
+        """Free every tier of ``node`` (device SWA first) and detach it from the lists."""
+        ps = self.ps
+        if node.swa is not None:
+            res.swa_tokens += len(node.swa) * ps
+            self.pools.free_swa_of(node.full)
+            self._take_swa(node, to_host_lru=False)
+        if node.full is not None:
+            pages = self._take_full(node)
+            res.full_tokens += len(pages) * ps
+            self._free_full_device(pages)
+        if node.swa_host is not None:
+            res.host_swa_tokens += self.host_swa.free_pages(self._take_swa_host(node))
+        if node.full_host is not None:
+            res.host_full_tokens += self.host_full.free_pages(self._take_full_host(node))
+        self.device_leaves.discard(node)
+        self.host_leaves.discard(node)
+        self.num_nodes -= 1
+        res.num_deleted_nodes += 1
+
+    def _delete_subtree(self, node, res: EvictResult) -> None:
+        """Delete ``node`` and its (host-only) descendants, then dead ancestors."""
+        stack, order = list(node.children.values()), []
+        while stack:
+            cur = stack.pop()
+            order.append(cur)
+            stack.extend(cur.children.values())
+        for cur in reversed(order):
+            self._release_node(cur, res)
+        self._release_node(node, res)
+        parent = node.parent
+        del parent.children[node.key[0]]
+        self._update_leaf_sets(parent)
+        self._delete_dead_ancestors(parent, res)
+
+    def _delete_dead_ancestors(self, cur, res: EvictResult) -> None:
+        """Delete childless, unlocked ancestors whose FULL is gone from both tiers."""
+        root = self.root
+        while cur is not root and not cur.children:
+            if cur.full_lock or cur.swa_lock:
+                break
+            if cur.full is not None or cur.full_host is not None:
+                self._update_leaf_sets(cur)
+                break
+            parent = cur.parent
+            self._release_node(cur, res)
+            del parent.children[cur.key[0]]
+            self._update_leaf_sets(parent)
+            cur = parent
+
+    # ---- SWA ---------------------------------------------------------------------------
+
+    def _evict_swa(self, request_tokens: int, target: int, res: EvictResult) -> None:
+        pools, lru = self.pools, self.swa_lru
+        start = res.swa_tokens
+        cursor = lru.lru()
+        while cursor is not None and res.swa_tokens - start < request_tokens:
+            if cursor not in lru:
+                cursor = lru.lru()
+                continue
+            x = cursor
+            cursor = lru.prev_unlocked(x)
+            if x in self.device_leaves:
+                self.evict_device_leaf(x, res)
+            else:
+                if self.hicache and self.write_back and x.swa_host is None and self.host_swa:
+                    self.backup_swa_window(x)
+                self._tombstone(x, res)
+            if pools.swa_available_tokens() >= target:
+                break
+
+    def _tombstone(self, node, res: EvictResult) -> None:
+        res.swa_tokens += len(node.swa) * self.ps
+        self.pools.free_swa_of(node.full)
+        self._take_swa(node)
+        res.num_tombstoned_nodes += 1
+
+    # ---- host --------------------------------------------------------------------------
+
+    def evict_host(self, full_tokens: int = 0, swa_tokens: int = 0) -> EvictResult:
+        """Free host slots: FULL from host leaves by policy, SWA from the host SWA LRU.
+
+        Returns:
+            EvictResult (host_* fields filled).
+        Mutates: tree, host pools.
+        """
+        res = EvictResult()
+        if full_tokens > 0 and self.host_full is not None:
+            heap = [self._heap_entry(n) for n in self.host_leaves]
+            heapq.heapify(heap)
+            while heap and res.host_full_tokens < full_tokens:
+                node = heapq.heappop(heap)[-1]
+                if node not in self.host_leaves:
+                    continue
+                parent = node.parent
+                self._evict_host_leaf(node, res)
+                if parent in self.host_leaves:
+                    heapq.heappush(heap, self._heap_entry(parent))
+        if swa_tokens > 0 and self.host_swa is not None:
+            lru = self.swa_host_lru
+            x = lru.lru()
+            while x is not None and res.host_swa_tokens < swa_tokens:
+                nxt = lru.prev_unlocked(x)
+                if x in self._host_pinned:
+                    pass
+                elif x in self.host_leaves:
+                    self._evict_host_leaf(x, res)
+                else:
+                    res.host_swa_tokens += self.host_swa.free_pages(self._take_swa_host(x))
+                x = nxt if (nxt is None or nxt in lru) else lru.lru()
+        return res
+
+    def _evict_host_leaf(self, node, res: EvictResult) -> None:
+        parent = node.parent
+        self._release_node(node, res)
+        del parent.children[node.key[0]]
+        self._update_leaf_sets(parent)
+        self._delete_dead_ancestors(parent, res)

@@ -1,0 +1,159 @@
+"""Insert (checkpoint) into the radix tree: duplicate frees, tombstone recovery, SWA windows.
+
+Semantics (DESIGN.md §4.3, SGLang ``checkpoint_into_tree``), re-implemented:
+
+* walk the key; split partially matched nodes; a device-evicted node adopts the request's
+  fresh pages; an overlapping live node keeps its pages and the request's duplicates in
+  ``[prev_prefix, ...)`` are freed (full-only below the request's SWA-evicted cursor);
+* overlapping an SWA tombstone inside the request's live window: an unlocked node adopts the
+  incoming pages (old full pages freed full-only), a locked one keeps its full pages and takes
+  over the incoming SWA pages;
+* a new leaf is clipped at the request's SWA-evicted cursor (the older part becomes a
+  tombstone) and capped at ceil(W) to a page, so locking it pins one window.
+"""
+
+from __future__ import annotations
+
+from replay.memory.results import InsertResult
+
+
+class InsertMixin:
+    """Insert half of ``RadixTree``."""
+
+    def insert(
+        self,
+        key: list[int],
+        pages: list[int],
+        prev_prefix_tokens: int = 0,
+        swa_evicted_tokens: int = 0,
+        inserted_tokens: int = 0,
+        priority: int = 0,
+        swa_branching_tokens: int | None = None,
+    ) -> InsertResult:
+        """Insert a page-aligned key with the request's page ids.
+
+        Args:
+            key: page hashes.
+            pages: the request's full page ids for the same pages.
+            prev_prefix_tokens: the request's ``cache_protected_len`` (already tree-owned).
+            swa_evicted_tokens: the request's SWA-evicted cursor (page-aligned).
+            inserted_tokens: tokens this request inserted before (no second hit count).
+            priority: request priority (raises node priorities along the path).
+            swa_branching_tokens: pending SWA branching point of the request, if any.
+        Returns:
+            InsertResult with the tree prefix before the insert and the last node.
+        Mutates: tree structure and ledgers; frees duplicate pages into the pools.
+        """
+        if len(key) != len(pages):
+            raise ValueError("insert: key and pages differ in length")
+        ps = self.ps
+        if swa_evicted_tokens % ps:
+            raise ValueError("insert: swa_evicted_tokens must be page-aligned")
+        root = self.root
+        root.last_access = self.tick()
+        root.priority = max(root.priority, priority)
+        prev_pages = prev_prefix_tokens // ps
+        ws_pages = swa_evicted_tokens // ps
+        node, pos, n, dups = root, 0, len(key), 0
+        while pos < n:
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child.last_access = self.tick()
+            ck = child.key
+            m = len(ck)
+            if ck != key[pos : pos + m]:
+                m = 0
+                limit = min(len(ck), n - pos)
+                while m < limit and ck[m] == key[pos + m]:
+                    m += 1
+            if m < len(ck):
+                child = self._split(child, m)
+            child.priority = max(child.priority, priority)
+            seg = pages[pos : pos + m]
+            if child.full is None:
+                self._unevict(child, seg, pos, ws_pages)
+            else:
+                dups += self._overlap(child, seg, pos, prev_pages, ws_pages)
+            if (pos + m) * ps > inserted_tokens and self._inc_hit_and_check(child):
+                self.backup(child)
+            node, pos = child, pos + m
+        prefix_tokens = pos * ps
+        new_leaf = pos < n
+        if new_leaf:
+            node = self._add_leaf(node, key[pos:], pages[pos:], priority)
+            if self.swa_tree:
+                self._populate_swa(node, pos, ws_pages, cap_leaf=True)
+        if node is not root:
+            self.refresh_swa_lru(node)
+            if new_leaf:
+                if n * ps > inserted_tokens and self._inc_hit_and_check(node):
+                    self.backup(node)
+            elif self.hicache and not self.write_back and node.full_host is not None:
+                self.backup_swa_window(node)
+        branch_done = swa_branching_tokens is not None and n * ps >= swa_branching_tokens
+        return InsertResult(prefix_tokens, node, dups, branch_done)
+
+    def _unevict(self, node, seg: list[int], pos: int, ws_pages: int) -> None:
+        """A device-evicted node adopts the request's fresh pages (no duplicate)."""
+        self._set_full(node, seg)
+        self._update_leaf_sets(node)
+        self._update_leaf_sets(node.parent)
+        if self.swa_tree:
+            self._populate_swa(node, pos, ws_pages, cap_leaf=False)
+
+    def _clip_to_window(self, node, pos: int, ws_pages: int):
+        """Split off the part of a tombstone ``node`` (starting at page ``pos``) that lies
+        below the window start; return the page where its live part starts, or None."""
+        if node.swa is not None:
+            return None
+        end = pos + len(node.key)
+        live = max(pos, ws_pages)
+        if live >= end:
+            return None
+        if live > pos:
+            self._split(node, live - pos)
+        return live
+
+    def _populate_swa(self, node, pos: int, ws_pages: int, cap_leaf: bool) -> None:
+        """Give the in-window part of a freshly adopted node its SWA pages."""
+        if self._clip_to_window(node, pos, ws_pages) is None:
+            return
+        if cap_leaf and node.swa_lock == 0:
+            tail = -(-self.window_tokens // self.ps)
+            if len(node.key) > tail:
+                parent = self._split(node, len(node.key) - tail)
+                self._set_swa(parent, self.pools.translate(parent.full))
+        self._set_swa(node, self.pools.translate(node.full))
+
+    def _overlap(self, node, seg: list[int], pos: int, prev_pages: int, ws_pages: int) -> int:
+        """Handle a live node the key overlaps; free the request's duplicates. Returns #dups."""
+        m = len(seg)
+        consumed = m
+        if self.swa_tree and prev_pages < pos + m:
+            live = self._clip_to_window(node, pos, ws_pages)
+            if live is not None:
+                self._recover_swa(node, seg[live - pos :])
+                consumed = live - pos
+        dup_start = max(0, prev_pages - pos)
+        if dup_start >= consumed:
+            return 0
+        dup = seg[dup_start:consumed]
+        swa_gone = min(max(ws_pages - (pos + dup_start), 0), len(dup))
+        if swa_gone:
+            self.pools.free_full_only(dup[:swa_gone])
+        if swa_gone < len(dup):
+            self.pools.free_pages_both(dup[swa_gone:])
+        return len(dup)
+
+    def _recover_swa(self, node, incoming: list[int]) -> None:
+        """Revive an SWA tombstone from the request's in-window pages."""
+        if node.full_lock > 0:
+            swa = self.pools.move_swa(incoming, node.full)
+            self.pools.free_full_only(incoming)
+        else:
+            old = node.full
+            node.full = incoming
+            self.pools.free_full_only(old)
+            swa = self.pools.translate(incoming)
+        self._set_swa(node, swa)

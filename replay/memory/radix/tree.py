@@ -1,0 +1,484 @@
+"""Radix tree core: state, ledgers, split, leaf sets, locks and prefix match (DESIGN.md §4.3).
+
+Keys are page hashes (one int per page); values are page ids. The tree never touches torch
+except through its pools (frees, SWA translation). All times come from ``self.clock``, a
+logical float counter advanced by the tree.
+"""
+
+from __future__ import annotations
+
+import math
+
+from replay.memory.policies import POLICIES
+from replay.memory.radix.evict import EvictMixin
+from replay.memory.radix.hicache import HiCacheMixin
+from replay.memory.radix.insert import InsertMixin
+from replay.memory.radix.integrity import IntegrityMixin
+from replay.memory.radix.node import DEVICE_LRU, HOST_LRU, LRUList, Node
+from replay.memory.results import MatchResult, MemoryModelError
+
+
+class TreeLock:
+    """Receipt of ``lock``: the anchor node and the SWA segment's boundary uuid."""
+
+    __slots__ = ("node", "swa_uuid", "released")
+
+    def __init__(self, node: Node, swa_uuid: int | None):
+        self.node = node
+        self.swa_uuid = swa_uuid
+        self.released = False
+
+
+class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
+    """FULL (+ optional SWA) radix tree over page-hash keys.
+
+    Args:
+        pools: ``PlainKVPools`` or ``SWAKVPools`` the tree frees into.
+        page_size: tokens per page.
+        window_tokens: SWA retain window W (0 = no SWA component).
+        swa_component: track SWA in the tree (False for the EIC cache, whose tree owns FULL
+            only even though the pools have an SWA side).
+        eviction: FULL eviction policy name or import path.
+        swa_lru_refresh: ``full_ancestry`` | ``window_aware``.
+        host_full / host_swa: HiCache host pools (None = no HiCache).
+        write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
+        write_through_threshold: hit count that triggers a write-through backup.
+        load_back_threshold_tokens: host hits smaller than this are not loaded back.
+    """
+
+    def __init__(
+        self,
+        pools,
+        page_size: int,
+        window_tokens: int = 0,
+        swa_component: bool = True,
+        eviction: str = "lru",
+        swa_lru_refresh: str = "window_aware",
+        host_full=None,
+        host_swa=None,
+        write_policy: str = "write_through",
+        write_through_threshold: int = 1,
+        load_back_threshold_tokens: int = 10,
+    ):
+        self.pools = pools
+        self.ps = page_size
+        self.window_tokens = window_tokens
+        self.swa_tree = bool(swa_component and pools.has_swa and window_tokens > 0)
+        self.policy = POLICIES.create(eviction)
+        self.window_aware = swa_lru_refresh == "window_aware"
+        self.host_full = host_full
+        self.host_swa = host_swa if self.swa_tree else None
+        self.hicache = host_full is not None
+        self.write_back = write_policy == "write_back"
+        self.write_through_threshold = write_through_threshold
+        self.load_back_threshold_tokens = load_back_threshold_tokens
+        self.clock = 0.0
+        self._next_node_id = 0
+        self._next_uuid = 0
+        self.root = self._new_node([], None)
+        self.root.full = []
+        self.root.swa = []
+        self.num_nodes = 0
+        self.full_evictable = self.full_protected = 0
+        self.swa_evictable = self.swa_protected = 0
+        self.host_full_tokens = self.host_swa_tokens = 0
+        self.device_leaves: set[Node] = set()
+        self.host_leaves: set[Node] = set()
+        self.swa_lru = LRUList(DEVICE_LRU)
+        self.swa_host_lru = LRUList(HOST_LRU)
+        self._host_pinned: set[Node] = set()  # host copies being loaded back
+
+    # ---- clock and nodes ---------------------------------------------------------------
+
+    def tick(self) -> float:
+        """Advance the logical clock by one and return the old value."""
+        t = self.clock
+        self.clock = t + 1.0
+        return t
+
+    def _new_node(self, key: list[int], parent: Node | None) -> Node:
+        now = self.clock
+        self.clock += 2.0  # last_access, then creation_time (as SGLang stamps a new node)
+        node = Node(self._next_node_id, key, parent, now)
+        self._next_node_id += 1
+        return node
+
+    # ---- ledger-keeping setters --------------------------------------------------------
+
+    def _set_full(self, node: Node, pages: list[int]) -> None:
+        node.full = pages
+        n = len(pages) * self.ps
+        if node.full_lock > 0:
+            self.full_protected += n
+        else:
+            self.full_evictable += n
+
+    def _take_full(self, node: Node) -> list[int]:
+        pages, node.full = node.full, None
+        n = len(pages) * self.ps
+        if node.full_lock > 0:
+            self.full_protected -= n
+        else:
+            self.full_evictable -= n
+        return pages
+
+    def _set_swa(self, node: Node, pages: list[int]) -> None:
+        node.swa = pages
+        n = len(pages) * self.ps
+        if node.swa_lock > 0:
+            self.swa_protected += n
+        else:
+            self.swa_evictable += n
+        if node in self.swa_host_lru:
+            self.swa_host_lru.remove(node)
+        self.swa_lru.insert_mru(node)
+
+    def _take_swa(self, node: Node, to_host_lru: bool = True) -> list[int]:
+        pages, node.swa = node.swa, None
+        n = len(pages) * self.ps
+        if node.swa_lock > 0:
+            self.swa_protected -= n
+        else:
+            self.swa_evictable -= n
+        self.swa_lru.remove(node)
+        if to_host_lru and node.swa_host is not None:
+            self.swa_host_lru.insert_mru(node)
+        return pages
+
+    def _set_full_host(self, node: Node, pages: list[int]) -> None:
+        node.full_host = pages
+        self.host_full_tokens += len(pages) * self.ps
+
+    def _take_full_host(self, node: Node) -> list[int]:
+        pages, node.full_host = node.full_host, None
+        self.host_full_tokens -= len(pages) * self.ps
+        return pages
+
+    def _set_swa_host(self, node: Node, pages: list[int]) -> None:
+        node.swa_host = pages
+        self.host_swa_tokens += len(pages) * self.ps
+        if node.swa is None:
+            self.swa_host_lru.insert_mru(node)
+
+    def _take_swa_host(self, node: Node) -> list[int]:
+        pages, node.swa_host = node.swa_host, None
+        self.host_swa_tokens -= len(pages) * self.ps
+        if node in self.swa_host_lru:
+            self.swa_host_lru.remove(node)
+        return pages
+
+    def _free_full_device(self, pages: list[int]) -> None:
+        """Free full pages whose tree-tracked SWA is already gone (EIC: peers go along)."""
+        if self.swa_tree:
+            self.pools.free_full_only(pages)
+        else:
+            self.pools.free_pages_both(pages)
+
+    # ---- leaf sets ---------------------------------------------------------------------
+
+    def _is_device_leaf(self, node: Node) -> bool:
+        if node is self.root or node.full is None or node.full_lock or node.swa_lock:
+            return False
+        for child in node.children.values():
+            if child.full is not None:
+                return False
+        return True
+
+    def _is_host_leaf(self, node: Node) -> bool:
+        return (
+            node is not self.root
+            and node.full is None
+            and node.full_host is not None
+            and not node.full_lock
+            and not node.swa_lock
+            and not node.children
+        )
+
+    def _update_leaf_sets(self, node: Node) -> None:
+        if self._is_device_leaf(node):
+            self.device_leaves.add(node)
+        else:
+            self.device_leaves.discard(node)
+        if self._is_host_leaf(node):
+            self.host_leaves.add(node)
+        else:
+            self.host_leaves.discard(node)
+
+    # ---- structure ---------------------------------------------------------------------
+
+    def _split(self, child: Node, num_pages: int) -> Node:
+        """Split ``child`` after ``num_pages`` pages; return the new (older) parent.
+
+        The child object keeps the newer part; locks are copied to both halves and the SWA
+        lock boundary uuid moves to the new parent (it marks the segment's older edge).
+        """
+        parent = child.parent
+        new = self._new_node(child.key[:num_pages], parent)
+        new.creation_time = child.creation_time
+        new.hit_count = child.hit_count
+        new.priority = child.priority
+        new.full_lock = child.full_lock
+        new.swa_lock = child.swa_lock
+        new.swa_uuid, child.swa_uuid = child.swa_uuid, None
+        for attr in ("full", "swa", "full_host", "swa_host"):
+            value = getattr(child, attr)
+            if value is not None:
+                setattr(new, attr, value[:num_pages])
+                setattr(child, attr, value[num_pages:])
+        child.key = child.key[num_pages:]
+        new.children = {child.key[0]: child}
+        child.parent = new
+        parent.children[new.key[0]] = new
+        if new.swa is not None:
+            self.swa_lru.insert_after(child, new)
+        elif new.swa_host is not None:
+            if child in self.swa_host_lru:
+                self.swa_host_lru.insert_after(child, new)
+            else:
+                self.swa_host_lru.insert_mru(new)
+        child.last_access = self.tick()
+        self.num_nodes += 1
+        self._update_leaf_sets(new)
+        self._update_leaf_sets(child)
+        return new
+
+    def _add_leaf(self, parent: Node, key: list[int], pages: list[int], priority: int) -> Node:
+        node = self._new_node(key, parent)
+        node.priority = priority
+        parent.children[key[0]] = node
+        self._set_full(node, pages)
+        self.num_nodes += 1
+        self._update_leaf_sets(node)
+        self._update_leaf_sets(parent)
+        return node
+
+    def path_pages(self, node: Node) -> list[int]:
+        """Device full pages from the root down to ``node`` (all must be on device)."""
+        chunks = []
+        while node is not self.root:
+            if node.full is None:
+                raise MemoryModelError(f"path_pages: {node} is not on device")
+            chunks.append(node.full)
+            node = node.parent
+        out: list[int] = []
+        for chunk in reversed(chunks):
+            out.extend(chunk)
+        return out
+
+    def node_tokens(self, node: Node) -> int:
+        """Tokens in ``node``'s key."""
+        return len(node.key) * self.ps
+
+    # ---- locks -------------------------------------------------------------------------
+
+    def lock(self, node: Node) -> TreeLock:
+        """Lock FULL from ``node`` to the root and SWA up to one window above ``node``.
+
+        Returns:
+            the receipt to pass to ``unlock``.
+        Mutates: lock counts, evictable→protected ledgers, leaf sets.
+        """
+        root, ps = self.root, self.ps
+        cur = node
+        while cur is not root and cur.full is None:  # device-evicted bottom segment
+            cur.full_lock += 1
+            self._update_leaf_sets(cur)
+            cur = cur.parent
+        while cur is not root:
+            if cur.full_lock == 0:
+                n = len(cur.key) * ps
+                self.full_evictable -= n
+                self.full_protected += n
+            cur.full_lock += 1
+            self.device_leaves.discard(cur)
+            cur = cur.parent
+        uuid = None
+        if self.swa_tree:
+            covered, cur, window = 0, node, self.window_tokens
+            while cur is not root and covered < window:
+                if cur.swa_lock == 0 and cur.swa is not None:
+                    n = len(cur.key) * ps
+                    self.swa_evictable -= n
+                    self.swa_protected += n
+                cur.swa_lock += 1
+                covered += len(cur.key) * ps
+                if covered >= window:
+                    if cur.swa_uuid is None:
+                        self._next_uuid += 1
+                        cur.swa_uuid = self._next_uuid
+                    uuid = cur.swa_uuid
+                cur = cur.parent
+        return TreeLock(node, uuid)
+
+    def unlock(self, receipt: TreeLock) -> None:
+        """Release a ``lock`` receipt (once).
+
+        Raises:
+            MemoryModelError: on a second release or a lock count going negative.
+        Mutates: lock counts, protected→evictable ledgers, leaf sets.
+        """
+        if receipt.released:
+            raise MemoryModelError("tree lock released twice")
+        receipt.released = True
+        root, ps = self.root, self.ps
+        cur = receipt.node
+        while cur is not root:
+            if cur.full_lock <= 0:
+                raise MemoryModelError(f"FULL lock underflow on {cur}")
+            cur.full_lock -= 1
+            if cur.full_lock == 0:
+                if cur.full is not None:
+                    n = len(cur.key) * ps
+                    self.full_evictable += n
+                    self.full_protected -= n
+                self._update_leaf_sets(cur)
+            cur = cur.parent
+        if self.swa_tree:
+            cur, uuid = receipt.node, receipt.swa_uuid
+            while cur is not root:
+                if cur.swa_lock <= 0:
+                    raise MemoryModelError(f"SWA lock underflow on {cur}")
+                cur.swa_lock -= 1
+                if cur.swa_lock == 0:
+                    if cur.swa is not None:
+                        n = len(cur.key) * ps
+                        self.swa_evictable += n
+                        self.swa_protected -= n
+                    self._update_leaf_sets(cur)
+                if uuid is not None and cur.swa_uuid == uuid:
+                    break
+                cur = cur.parent
+
+    # ---- recency -----------------------------------------------------------------------
+
+    def refresh_swa_lru(self, node: Node) -> None:
+        """Move live-SWA nodes at and above ``node`` to MRU.
+
+        ``full_ancestry`` moves every ancestor; ``window_aware`` stops once W + ps tokens
+        above ``node`` are covered (sgl-project/sglang#26615), so out-of-window SWA ages out.
+        """
+        if not self.swa_tree or node is self.root:
+            return
+        limit = self.window_tokens + self.ps if self.window_aware else math.inf
+        chain, acc, cur, root, ps = [], 0, node, self.root, self.ps
+        while cur is not root and acc < limit:
+            if cur.swa is not None:
+                chain.append(cur)
+            acc += len(cur.key) * ps
+            cur = cur.parent
+        self.swa_lru.move_chain_to_mru(chain)
+
+    def _stamp_path(self, node: Node) -> None:
+        t = self.tick()
+        while node is not None:
+            node.last_access = t
+            t -= 1e-5
+            node = node.parent
+
+    # ---- match -------------------------------------------------------------------------
+
+    def match(self, key: list[int]) -> MatchResult:
+        """Longest usable prefix of ``key`` (page hashes), with the SWA window rule.
+
+        A node is usable when it has FULL KV and, for the SWA component, at least W tokens of
+        unbroken SWA end at it (a run that starts at the root counts as unbroken). Partially
+        matched nodes are split. The device hit uses device-only validators; with HiCache the
+        best match may extend over host-only nodes.
+
+        Args:
+            key: page hashes of the request (already limited by the caller).
+        Returns:
+            a MatchResult (tokens), with prefix_pages for the device hit.
+        Mutates: splits, SWA LRU order, last_access stamps.
+        """
+        ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
+        node, off, n = self.root, 0, len(key)
+        values: list[list[int]] = []
+        best = best_dev = self.root
+        best_dev_chunks = 0
+        full_hit_pages = 0
+        run_any = run_dev = math.inf
+        while off < n:
+            child = node.children.get(key[off])
+            if child is None or (child.full is None and child.full_host is None):
+                break
+            ck = child.key
+            m = len(ck)
+            if ck != key[off : off + m]:
+                m = 0
+                limit = min(len(ck), n - off)
+                while m < limit and ck[m] == key[off + m]:
+                    m += 1
+            full_hit_pages += m
+            partial = m < len(ck)
+            if partial:
+                child = self._split(child, m)
+            if child.full is not None:
+                values.append(child.full)
+            ok_dev = child.full is not None
+            ok_any = ok_dev or child.full_host is not None
+            if swa:
+                t = len(child.key) * ps
+                if child.swa is None:
+                    run_dev = 0
+                    ok_dev = False
+                else:
+                    run_dev += t
+                    ok_dev = ok_dev and run_dev >= window
+                if child.swa is None and child.swa_host is None:
+                    run_any = 0
+                    ok_any = False
+                else:
+                    run_any += t
+                    ok_any = ok_any and run_any >= window
+            if not hicache:
+                ok_any = ok_dev
+            if ok_any:
+                best = child
+            if ok_dev:
+                best_dev, best_dev_chunks = child, len(values)
+            node = child
+            off += m
+            if partial:
+                break
+        return self._finish_match(values, best, best_dev, best_dev_chunks, full_hit_pages)
+
+    def _finish_match(self, values, best, best_dev, best_dev_chunks, full_hit_pages) -> MatchResult:
+        ps, root = self.ps, self.root
+        self.refresh_swa_lru(best)
+        self._stamp_path(best)
+        prefix: list[int] = []
+        for chunk in values[:best_dev_chunks]:
+            prefix.extend(chunk)
+        host_hit = 0
+        cur = best
+        while cur is not best_dev and cur is not root:
+            if cur.full_host is not None:
+                host_hit += len(cur.full_host)
+            cur = cur.parent
+        swa_host_hit = 0
+        if self.swa_tree:
+            covered, cur = 0, best
+            while cur is not root and covered < self.window_tokens:
+                if cur.swa is not None:
+                    covered += len(cur.key) * ps
+                elif cur.swa_host is not None:
+                    swa_host_hit += len(cur.key)
+                    covered += len(cur.key) * ps
+                else:
+                    break
+                cur = cur.parent
+        device_hit = len(prefix) * ps
+        branching = None
+        if self.swa_tree and full_hit_pages * ps > device_hit + host_hit * ps:
+            branching = full_hit_pages * ps
+        return MatchResult(
+            device_hit_tokens=device_hit,
+            host_hit_tokens=host_hit * ps,
+            swa_host_hit_tokens=swa_host_hit * ps,
+            full_kv_hit_tokens=full_hit_pages * ps,
+            swa_branching_tokens=branching,
+            prefix_pages=prefix,
+            last_device_node=best_dev,
+            best_match_node=best,
+        )

@@ -1,0 +1,274 @@
+"""Device pool pairs the tree and the requests allocate from.
+
+``SWAKVPools`` models SGLang's ``SWATokenToKVPoolAllocator`` (DESIGN.md §4.1): a full and an
+SWA sub-allocator paged in lockstep plus a full→SWA mapping (0 = no SWA peer). Because the two
+sides page in lockstep, the mapping is kept per *page* (``mapping[full_page] = swa_page``),
+which is the per-slot mapping of SGLang restricted to page representatives. An SWA free reads
+and clears the mapping and must precede the full free of the same pages.
+
+``PlainKVPools`` is the same interface over one full pool (models without SWA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from replay.memory.allocator import DeviceAllocator, num_new_pages
+from replay.memory.results import IntegrityError, MemoryModelError
+
+_I64 = torch.int64
+
+
+def _tensor(pages: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    if isinstance(pages, torch.Tensor):
+        return pages
+    return torch.tensor(pages, dtype=_I64)
+
+
+class PlainKVPools:
+    """One full device pool; the SWA calls are no-ops.
+
+    Args:
+        full: the full-attention allocator.
+    """
+
+    has_swa = False
+
+    def __init__(self, full: DeviceAllocator):
+        self.full = full
+        self.swa = None
+        self.page_size = full.page_size
+
+    def full_available_tokens(self) -> int:
+        """Free full slots."""
+        return self.full.available_tokens()
+
+    def swa_available_tokens(self) -> int:
+        """No SWA pool: reports the full side."""
+        return self.full.available_tokens()
+
+    def available_tokens(self) -> int:
+        """Free slots."""
+        return self.full.available_tokens()
+
+    def alloc_extend_pages(self, prefix_lens, seq_lens) -> list[list[int]] | None:
+        """See ``DeviceAllocator.alloc_extend_pages``."""
+        return self.full.alloc_extend_pages(prefix_lens, seq_lens)
+
+    def alloc_decode_pages(self, seq_lens) -> list[int | None] | None:
+        """See ``DeviceAllocator.alloc_decode_pages``."""
+        return self.full.alloc_decode_pages(seq_lens)
+
+    def free_pages_both(self, full_pages: Sequence[int]) -> None:
+        """Free full pages. Mutates: the full free list."""
+        if len(full_pages):
+            self.full.free_page_ids(_tensor(full_pages))
+
+    free_full_only = free_pages_both
+
+    def free_swa_of(self, full_pages: Sequence[int]) -> int:
+        """No SWA pool: nothing to free."""
+        return 0
+
+    def translate(self, full_pages: Sequence[int]) -> list[int]:
+        """No SWA pool: no peers."""
+        return [0] * len(full_pages)
+
+    def free_group_begin(self) -> None:
+        """Defer frees until ``free_group_end``."""
+        self.full.free_group_begin()
+
+    def free_group_end(self) -> None:
+        """Release deferred frees."""
+        self.full.free_group_end()
+
+    def check_integrity(self) -> None:
+        """Check the allocator's free list."""
+        self.full.check_integrity()
+
+
+class SWAKVPools(PlainKVPools):
+    """Full + SWA sub-allocators in lockstep with a page-level full→SWA mapping.
+
+    Args:
+        full: full-attention allocator (``size``).
+        swa: sliding-window allocator (``size_swa``), same page size.
+    """
+
+    has_swa = True
+
+    def __init__(self, full: DeviceAllocator, swa: DeviceAllocator):
+        if full.page_size != swa.page_size:
+            raise ValueError("full and SWA pools must share a page size")
+        super().__init__(full)
+        self.swa = swa
+        self.mapping = torch.zeros(full.num_pages + 1, dtype=_I64)
+        self.num_unmapped_swa_frees = 0
+
+    # ---- sizes -------------------------------------------------------------------------
+
+    def swa_available_tokens(self) -> int:
+        """Free SWA slots."""
+        return self.swa.available_tokens()
+
+    def available_tokens(self) -> int:
+        """min(full, SWA), as SGLang's ``available_size``."""
+        return min(self.full.available_tokens(), self.swa.available_tokens())
+
+    def _pages_available(self, n: int) -> bool:
+        return n <= self.full.available_pages() and n <= self.swa.available_pages()
+
+    # ---- allocation --------------------------------------------------------------------
+
+    def alloc_extend_pages(self, prefix_lens, seq_lens) -> list[list[int]] | None:
+        """Lockstep extend: one ``num_new_pages`` on both sides, then ``mapping[full] = swa``.
+
+        Returns:
+            full page ids per request, or None when either side is short (nothing taken).
+        Mutates: both free lists, the mapping.
+        """
+        ps = self.page_size
+        total = sum(num_new_pages(p, s, ps) for p, s in zip(prefix_lens, seq_lens))
+        if not self._pages_available(total):
+            return None
+        full = self.full.alloc_extend_pages(prefix_lens, seq_lens)
+        swa = self.swa.alloc_extend_pages(prefix_lens, seq_lens)
+        if full is None or swa is None:  # cannot happen after the check above
+            raise MemoryModelError("lockstep extend failed after the availability check")
+        flat_full = [p for ps_ in full for p in ps_]
+        if flat_full:
+            self.mapping[_tensor(flat_full)] = _tensor([p for ps_ in swa for p in ps_])
+        return full
+
+    def alloc_decode_pages(self, seq_lens) -> list[int | None] | None:
+        """Lockstep decode. Both sides are checked before either allocates.
+
+        Returns:
+            per request the new full page or None; None overall when short.
+        Mutates: both free lists, the mapping.
+        """
+        need = sum(1 for s in seq_lens if (s - 1) % self.page_size == 0)
+        if not self._pages_available(need):
+            return None
+        full = self.full.alloc_decode_pages(seq_lens)
+        swa = self.swa.alloc_decode_pages(seq_lens)
+        pairs = [(f, s) for f, s in zip(full, swa) if f is not None]
+        if pairs:
+            self.mapping[_tensor([f for f, _ in pairs])] = _tensor([s for _, s in pairs])
+        return full
+
+    def alloc_swa_for(self, full_pages: Sequence[int]) -> list[int] | None:
+        """Give SWA peers to full pages that have none (load-back / EIC restore).
+
+        Returns:
+            the new SWA pages, or None when the SWA pool is short.
+        Mutates: SWA free list, the mapping.
+        """
+        if not full_pages:
+            return []
+        pages = self.swa.alloc_pages(len(full_pages))
+        if pages is None:
+            return None
+        idx = _tensor(full_pages)
+        if bool((self.mapping[idx] != 0).any()):
+            raise MemoryModelError("alloc_swa_for: a full page already has an SWA peer")
+        self.mapping[idx] = pages
+        return pages.tolist()
+
+    # ---- mapping -----------------------------------------------------------------------
+
+    def translate(self, full_pages: Sequence[int]) -> list[int]:
+        """SWA peers of full pages (0 = none)."""
+        if not full_pages:
+            return []
+        return self.mapping[_tensor(full_pages)].tolist()
+
+    def move_swa(self, from_full: Sequence[int], to_full: Sequence[int]) -> list[int]:
+        """Re-point the SWA peers of ``from_full`` onto ``to_full`` (locked-full recovery).
+
+        Returns:
+            the moved SWA pages.
+        Mutates: the mapping.
+        """
+        src, dst = _tensor(from_full), _tensor(to_full)
+        swa = self.mapping[src]
+        if bool((self.mapping[dst] != 0).any()):
+            raise MemoryModelError("move_swa: destination pages already have SWA peers")
+        self.mapping.index_fill_(0, src, 0)
+        self.mapping[dst] = swa
+        return swa.tolist()
+
+    # ---- free --------------------------------------------------------------------------
+
+    def free_swa_of(self, full_pages: Sequence[int]) -> int:
+        """Free the SWA peers of full pages: read and clear the mapping, free entries > 0.
+
+        SGLang would free page 0 for an unmapped entry (sgl-project/sglang#38519); the model
+        skips it and counts it in ``num_unmapped_swa_frees``.
+
+        Returns:
+            SWA pages freed.
+        Mutates: the mapping, the SWA free list (or its open group).
+        """
+        if not len(full_pages):
+            return 0
+        idx = _tensor(full_pages)
+        peers = self.mapping[idx]
+        self.mapping.index_fill_(0, idx, 0)
+        live = peers[peers > 0]
+        self.num_unmapped_swa_frees += len(peers) - len(live)
+        self.swa.free_page_ids(live)
+        return len(live)
+
+    def free_full_only(self, full_pages: Sequence[int]) -> None:
+        """Free full pages whose SWA peers are already gone.
+
+        Raises:
+            MemoryModelError: when a page still has an SWA peer (it would be stranded).
+        Mutates: the full free list.
+        """
+        if not len(full_pages):
+            return
+        idx = _tensor(full_pages)
+        if bool((self.mapping[idx] != 0).any()):
+            raise MemoryModelError("free_full_only: page still has an SWA peer (free SWA first)")
+        self.full.free_page_ids(idx)
+
+    def free_pages_both(self, full_pages: Sequence[int]) -> None:
+        """SWA first (reads the mapping), then full. Mutates: mapping, both free lists."""
+        if not len(full_pages):
+            return
+        idx = _tensor(full_pages)
+        self.free_swa_of(idx)
+        self.full.free_page_ids(idx)
+
+    def free_group_begin(self) -> None:
+        """Defer frees on both sides; SWA peers are resolved (mapping cleared) at enqueue."""
+        self.full.free_group_begin()
+        self.swa.free_group_begin()
+
+    def free_group_end(self) -> None:
+        """Release the SWA side, then the full side."""
+        self.swa.free_group_end()
+        self.full.free_group_end()
+
+    def check_integrity(self) -> None:
+        """Both free lists valid; no free full page keeps a peer; no SWA page mapped twice.
+
+        Raises:
+            IntegrityError: on any violation.
+        """
+        self.full.check_integrity()
+        self.swa.check_integrity()
+        if int(self.mapping[0]) != 0:
+            raise IntegrityError("mapping of the reserved page 0 is set")
+        free_full = self.full.all_free_page_ids()
+        if len(free_full) and bool((self.mapping[free_full] != 0).any()):
+            raise IntegrityError("a free full page still maps to an SWA page")
+        mapped = self.mapping[self.mapping > 0]
+        if len(torch.unique(mapped)) != len(mapped):
+            raise IntegrityError("an SWA page is the peer of two full pages")
+        if len(mapped) and bool(torch.isin(mapped, self.swa.all_free_page_ids()).any()):
+            raise IntegrityError("a mapped SWA page is also on the SWA free list")
