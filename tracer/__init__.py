@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 
-from tracer.recorder import EMIT_NAMES, Recorder, RecorderOptions, _noop
+from tracer.recorder import EMIT_NAMES, Recorder, RecorderOptions, make_noops
 from tracer.schema import (  # noqa: F401  (re-exported enums)
     SCHEMA_VERSION,
     CacheOp,
@@ -43,8 +43,9 @@ log = logging.getLogger("kvtrace.tracer")
 _lock = threading.Lock()
 _active: Recorder | None = None
 
+_NOOPS = make_noops()
 # Emit functions (rebound by _bind). Signatures: see tracer.recorder._EMITS.
-pool = pool_ids = cache = sched = stats = request = _noop
+pool, pool_ids, cache, sched, stats, request = (_NOOPS[n] for n in EMIT_NAMES)
 
 
 def tick() -> int:
@@ -55,7 +56,7 @@ def tick() -> int:
 def _bind(emits: dict | None) -> None:
     g = globals()
     for name in EMIT_NAMES:
-        g[name] = emits[name] if emits else _noop
+        g[name] = emits[name] if emits else _NOOPS[name]
     g["tick"] = emits["tick"] if emits else _tick_off
 
 

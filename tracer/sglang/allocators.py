@@ -124,7 +124,6 @@ def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, ou
     ps = a.page_size
     delta = before - a.available_size()
     if kind == "group_begin":
-        _emit(pool, GROUP_BEGIN, 0, ps, dur_ns)
         return
     if delta > 0:
         ids = _alloc_page_ids(a, name, fp0, delta // ps, out) if fp0 is not None else None
@@ -136,7 +135,7 @@ def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, ou
         _emit(pool, FREE, -delta, ps, dur_ns, ids)
     elif kind == "alloc" and out is None:
         _emit(pool, ALLOC_FAIL, _requested_slots(name, args, kwargs), ps, dur_ns)
-    if kind == "group_end":
+    if kind == "group_end" and delta:
         _emit(pool, GROUP_END, 0, ps, 0)
     elif kind == "clear" and delta < 0:
         _emit(pool, CLEAR, -delta, ps, 0)
@@ -162,6 +161,10 @@ def _make_leaf(kind: str, name: str):
                 fp0 = d.get("free_pages") if kind == "alloc" else None
                 cap = d["_kvt_cap"] = []
                 _capture_inner(self, name, args, cap)
+            if kind == "group_begin":
+                d["_kvt_group_t0"] = perf_counter_ns()
+            elif kind == "group_end":
+                _group_begin_marker(self, d)
             d["_kvt_busy"] = True
             out = None
             t0 = perf_counter_ns()
@@ -181,6 +184,20 @@ def _make_leaf(kind: str, name: str):
         return leaf_op
 
     return make
+
+
+def _group_begin_marker(a, d) -> None:
+    """At ``free_group_end``: if the group deferred frees, emit its ``free_group_begin`` marker
+    now (``dur_ns`` = how long the group was open), just before the release rows. Empty groups
+    (most decode steps) leave no rows at all."""
+    try:
+        pending = a.__dict__.get("free_group") or a.__dict__.get("free_page_ids_group")
+        pool = d.get("_kvt_pool", FULL)
+        if pending and pool is not None:
+            t_open = d.get("_kvt_group_t0")
+            _emit(pool, GROUP_BEGIN, 0, a.page_size, perf_counter_ns() - t_open if t_open else 0)
+    except Exception as e:
+        state.note_failure("allocator.group_begin", e)
 
 
 def _capture_inner(a, name: str, args, cap: list) -> None:
@@ -269,7 +286,8 @@ def _make_swa_op(name: str):
 
 
 def _make_swa_group(kind: str):
-    """SWA-side free-group markers (the full side's leaf emits its own)."""
+    """SWA-side free-group markers (the full side's leaf emits its own), only for groups that
+    deferred SWA frees; both markers are emitted around the release at ``free_group_end``."""
 
     def make(orig):
         def group(self, *args, **kwargs):
@@ -277,12 +295,20 @@ def _make_swa_group(kind: str):
                 return orig(self, *args, **kwargs)
             if "_kvt_tagged" not in self.__dict__:
                 tag_swa(self)
-            swa = self.__dict__.get("swa_attn_allocator")
+            d = self.__dict__
+            if kind == "group_begin":
+                d["_kvt_group_t0"] = perf_counter_ns()
+                return orig(self, *args, **kwargs)
+            swa = d.get("swa_attn_allocator")
             pool = swa.__dict__.get("_kvt_pool") if swa is not None else None
-            if pool is not None and kind == "group_begin" and swa is not self.full_attn_allocator:
-                _emit(pool, GROUP_BEGIN, 0, self.page_size, 0)
+            pending = d.get("swa_page_ids_group") or d.get("swa_free_group")
+            emit = pool is not None and bool(pending) and swa is not d.get("full_attn_allocator")
+            if emit:
+                t_open = d.get("_kvt_group_t0")
+                _emit(pool, GROUP_BEGIN, 0, self.page_size,
+                      perf_counter_ns() - t_open if t_open else 0)
             out = orig(self, *args, **kwargs)
-            if pool is not None and kind == "group_end" and swa is not self.full_attn_allocator:
+            if emit:
                 _emit(pool, GROUP_END, 0, self.page_size, 0)
             return out
 

@@ -1,9 +1,11 @@
 """Per-step ``sched`` (kind ``step``) and ``stats`` rows.
 
-``step(...)`` is the one call a scheduling loop makes per step (the real ``Scheduler`` is hooked
-to make it itself, at the top of each ``get_next_batch_to_run``, i.e. once the previous iteration's
-results are processed). It writes the step row, then one ``stats`` row per pool, then refreshes the
-tracer's step clock.
+A step ends at a *boundary*: the top of the real ``Scheduler.get_next_batch_to_run`` (once the
+previous iteration's results are processed), or, for loops that are not the real scheduler (the
+real-code backend), ``SchedulerPoolStatsObserver.get_pool_stats`` (the scheduler's per-step pool
+sample). The step's batch (mode, size, tokens) is noted by the ``ScheduleBatch.prepare_for_extend``
+/ ``prepare_for_decode`` hooks. At a boundary the hooks write the step row, one ``stats`` row per
+pool, then refresh the tracer's step clock. A custom loop may call ``step(...)`` itself.
 
 ``stats`` columns, per pool, all read from the live objects (CPU counters only):
 
@@ -184,57 +186,109 @@ def step(mode: int, batch_size: int = 0, num_tokens: int = 0, step_ns: int = 0,
             state.note_failure("stats.manifest", e)
 
 
-# ------------------------------------------------------------------ real Scheduler hooks
+# ------------------------------------------------------------------ loop hooks
 class _LoopState:
-    """The previous loop iteration of a hooked ``Scheduler`` (for its step row)."""
+    """The step in progress: batch prepared since the last boundary, start time."""
 
     def __init__(self):
-        self.t0 = 0  # perf_counter_ns at the top of the previous iteration
+        self.t0 = 0  # perf_counter_ns at the previous boundary (0: none yet)
         self.mode = IDLE
         self.batch_size = 0
         self.num_tokens = 0
         self.last_idle_emit = 0
+        self.scheduler_driven = False  # a real Scheduler loop drives the boundaries
+
+    def note_batch(self, mode: int, batch_size: int, num_tokens: int) -> None:
+        if self.t0 == 0:
+            self.t0 = perf_counter_ns()
+        if self.mode == PREFILL and mode == DECODE or self.mode == MIXED:
+            self.mode = MIXED
+            self.batch_size = max(self.batch_size, batch_size)
+            self.num_tokens += num_tokens
+        else:
+            self.mode, self.batch_size, self.num_tokens = mode, batch_size, num_tokens
 
 
 _loop = _LoopState()
 _IDLE_SAMPLE_NS = int(float(os.environ.get("KVTRACE_IDLE_SAMPLE_MS", "1000")) * 1e6)
 
 
+def boundary(forward_ct: int | None = None) -> None:
+    """End the step in progress: its ``step`` row (batch noted by the ``prepare_for_*`` hooks,
+    wall time since the previous boundary) and the ``stats`` rows. Idle steps are sampled at
+    most once per ``KVTRACE_IDLE_SAMPLE_MS``."""
+    lp = _loop
+    now = perf_counter_ns()
+    idle = lp.mode == IDLE
+    if idle and lp.last_idle_emit and now - lp.last_idle_emit < _IDLE_SAMPLE_NS:
+        tracer.tick()
+    else:
+        lp.last_idle_emit = now if idle else 0
+        step(lp.mode, lp.batch_size, lp.num_tokens, now - lp.t0 if lp.t0 else 0, forward_ct)
+    lp.t0 = now
+    lp.mode, lp.batch_size, lp.num_tokens = IDLE, 0, 0
+
+
+def _adopt(tree, alloc) -> None:
+    """Make the loop's own tree/allocator the ones sampled (they may predate ``install``)."""
+    reg = state.registry
+    if tree is not None and reg.tree is not tree and hasattr(tree, "full_evictable_size"):
+        reg.tree = tree
+    if alloc is not None and reg.allocator is not alloc:
+        reg.allocator = alloc
+
+
+def _make_prepare(mode: int):
+    def make(orig):
+        def prepare(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            if tracer.pool is not _NOOP:
+                try:
+                    bs = len(self.reqs)
+                    ntok = int(self.extend_num_tokens or 0) if mode == PREFILL else bs
+                    _loop.note_batch(mode, bs, ntok)
+                except Exception as e:
+                    state.note_failure("stats.prepare", e)
+            return out
+
+        return prepare
+
+    return make
+
+
+def _make_get_pool_stats():
+    """Step boundary of loops that are not the real ``Scheduler`` (the real-code backend calls
+    ``get_pool_stats`` once per step, after processing the step's results)."""
+
+    def make(orig):
+        def get_pool_stats(self, *args, **kwargs):
+            if tracer.pool is not _NOOP and not _loop.scheduler_driven:
+                try:
+                    _adopt(self.tree_cache, self.token_to_kv_pool_allocator)
+                    boundary()
+                except Exception as e:
+                    state.note_failure("stats.get_pool_stats", e)
+            return orig(self, *args, **kwargs)
+
+        return get_pool_stats
+
+    return make
+
+
 def _make_get_next_batch():
+    """Step boundary of the real ``Scheduler``: the top of each loop iteration."""
+
     def make(orig):
         def get_next_batch_to_run(self, *args, **kwargs):
-            if tracer.pool is _NOOP:
-                return orig(self, *args, **kwargs)
-            now = perf_counter_ns()
-            try:
-                lp = _loop
-                if lp.t0:
-                    idle = lp.mode == IDLE
-                    if not idle or now - lp.last_idle_emit >= _IDLE_SAMPLE_NS:
-                        if idle:
-                            lp.last_idle_emit = now
-                        step(lp.mode, lp.batch_size, lp.num_tokens, now - lp.t0,
-                             forward_ct=int(getattr(self, "forward_ct", 0)))
-                    else:
-                        tracer.tick()
-                lp.t0 = now
-            except Exception as e:
-                state.note_failure("stats.loop", e)
-            out = orig(self, *args, **kwargs)
-            try:
-                batch = getattr(out, "batch_to_run", None)
-                _loop.mode = _mode_of(batch)
-                reqs = getattr(batch, "reqs", None) or ()
-                _loop.batch_size = len(reqs)
-                if _loop.mode in (PREFILL, MIXED):
-                    _loop.num_tokens = int(getattr(batch, "extend_num_tokens", 0) or 0)
-                else:
-                    _loop.num_tokens = len(reqs)
-                if _loop.mode != IDLE:
-                    _loop.last_idle_emit = 0
-            except Exception as e:
-                state.note_failure("stats.loop_batch", e)
-            return out
+            if tracer.pool is not _NOOP:
+                try:
+                    _loop.scheduler_driven = True
+                    _adopt(getattr(self, "tree_cache", None),
+                           getattr(self, "token_to_kv_pool_allocator", None))
+                    boundary(int(getattr(self, "forward_ct", 0)))
+                except Exception as e:
+                    state.note_failure("stats.loop", e)
+            return orig(self, *args, **kwargs)
 
         return get_next_batch_to_run
 
@@ -258,17 +312,23 @@ def _make_scheduler_init():
 
 
 def install(patcher, lazy: bool = False) -> int:
-    """Take sglang's request-private-token helpers; hook ``Scheduler`` once it is imported.
+    """Take sglang's request-private-token helpers; hook the step boundaries.
 
     The scheduler module is never imported here (it pulls the whole serving stack); the
-    autoload wraps it when the server imports it, and ``install()`` does if it is loaded.
+    autoload wraps ``Scheduler`` when the server imports it, and ``install()`` does if loaded.
     """
     from tracer.sglang.patching import target
 
+    n = 0
     pso = target("sglang.srt.managers.scheduler_components.pool_stats_observer", lazy)
     if pso is not None:
         _helpers["full"], _helpers["swa"] = pso.kv_private_tokens, pso.kv_private_swa_tokens
-    n = 0
+        n += patcher.wrap_method(pso.SchedulerPoolStatsObserver, "get_pool_stats",
+                                 _make_get_pool_stats())
+    sb = target("sglang.srt.managers.schedule_batch", lazy)
+    if sb is not None:
+        n += patcher.wrap_method(sb.ScheduleBatch, "prepare_for_extend", _make_prepare(PREFILL))
+        n += patcher.wrap_method(sb.ScheduleBatch, "prepare_for_decode", _make_prepare(DECODE))
     sched_mod = target("sglang.srt.managers.scheduler", True)
     if sched_mod is not None and hasattr(sched_mod, "Scheduler"):
         S = sched_mod.Scheduler
