@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import tracer
-from tracer.schema import CacheOp, Mode, Pool, PoolOp, RequestEvent, SchedKind
+from tracer.schema import Pool, PoolOp
 
 _CALLS = {
     "pool": "tracer.pool(0, 0, i, 64, 1, 0)",

@@ -110,7 +110,7 @@ class Trace:
         con = self.duckdb()
         files = self.files(family, rank)
         if not files:
-            empty = self.table(family)  # noqa: F841  (referenced by name below)
+            empty = self.table(family)  # noqa: F841  (DuckDB replacement scan reads it by name)
             return con.sql("SELECT * FROM empty")
         return con.read_parquet(files, hive_partitioning=True)
 

@@ -24,7 +24,8 @@ import logging
 import os
 import threading
 
-from tracer.recorder import EMIT_NAMES, Recorder, RecorderOptions, make_noops
+from tracer.emitgen import EMIT_NAMES, make_noops
+from tracer.recorder import Recorder, RecorderOptions
 from tracer.schema import (  # noqa: F401  (re-exported enums)
     SCHEMA_VERSION,
     CacheOp,

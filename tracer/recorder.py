@@ -37,7 +37,8 @@ import pyarrow as pa
 from tracer.schema import manifest as _manifest
 from tracer import segments as _segments
 from tracer.buffers import Drops, RowBuffer, StructBuffer
-from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason, Family
+from tracer.emitgen import _READS_CLOCK, _gen_emit
+from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
 log = logging.getLogger("kvtrace.tracer")
 
@@ -66,85 +67,6 @@ class RecorderOptions:
             raise ValueError(f"on_fork must be 'off' or 'child', got {self.on_fork!r}")
         if self.buffer_events < 16 or self.row_buffer_events < 16:
             raise ValueError("buffer_events and row_buffer_events must be >= 16")
-
-
-# --------------------------------------------------------------------------------------------
-# Emit-function generation
-# --------------------------------------------------------------------------------------------
-# Public emit signatures: (name, family, params with defaults, record expression order).
-_EMITS = {
-    "pool": "pool, op, rid, num_slots, num_pages=0, dur_ns=0",
-    "cache": (
-        "op, rid, device_hit=0, host_hit=0, swa_host_hit=0, full_tokens=0, swa_tokens=0, "
-        "host_tokens=0, nodes=0, tombstones=0, dur_ns=0"
-    ),
-    "sched": (
-        "kind, forward_ct, mode=0, batch_size=0, num_tokens=0, step_ns=0, rid=-1, prefix_len=0, "
-        "extend_len=0, host_hit_len=0, chunk_requested=0, chunk_admitted=0, verdict=0, "
-        "rem_total=-1, rem_swa=-1, swa_needed=-1"
-    ),
-    "stats": "forward_ct, pool, capacity, available, evictable, protected, held",
-    "request": (
-        "event, rid, session_id=-1, turn=-1, input_len=0, output_len=-1, max_new_tokens=0, "
-        "cached_len=-1, rid_str='', page_hashes=None"
-    ),
-    "drops": "family, first_seq, last_seq, num_events, reason, detail=''",
-}
-_READS_CLOCK = {"sched", "stats", "request", "drops"}  # in clock="step" mode
-EMIT_NAMES = ("pool", "pool_ids", "cache", "sched", "stats", "request")
-
-
-def _noop(*args, **kwargs):
-    return None
-
-
-def make_noops() -> dict:
-    """Disabled emits with the exact signatures (a ``*args`` no-op costs ~30 ns more)."""
-    out = {}
-    for name in EMIT_NAMES:
-        params = _EMITS["pool"] + ", page_ids=None" if name == "pool_ids" else _EMITS[name]
-        ns: dict = {}
-        exec(compile(f"def {name}({params}):\n    return None\n", f"<kvtrace noop {name}>", "exec"), ns)
-        out[name] = ns[name]
-    return out
-
-
-def _record_fields(fam: Family) -> list[str]:
-    return [c.name for c in fam.columns if c.code or fam.name in ROW_FAMILIES]
-
-
-def _gen_emit(fam_name: str, reads_clock: bool, with_ids: bool = False) -> str:
-    params = _EMITS[fam_name] + (", page_ids=None" if with_ids else "")
-    fields = _record_fields(FAMILIES[fam_name])[2:]  # after ts_ns, seq
-    args = ", ".join(fields)
-    name = "pool_ids" if with_ids else fam_name
-    clock = "t = now[0] = mono() - anchor" if reads_clock else "t = now[0]"
-    if fam_name in ROW_FAMILIES:
-        return (
-            f"def {name}({params}):\n"
-            f"    s = next(seq)\n    {clock}\n"
-            f"    with lock:\n"
-            f"        rows = cur[0]\n"
-            f"        if len(rows) < cap:\n"
-            f"            rows.append((t, s, {args}))\n"
-            f"            return\n"
-            f"    full(s, None)\n"
-        )
-    side = "        side.append((off // size, page_ids))\n" if with_ids else ""
-    off = "off = next(ctr)" if with_ids else ""
-    slot = "off" if with_ids else "next(ctr)"
-    return (
-        f"def {name}({params}):\n"
-        f"    s = next(seq)\n    {clock}\n"
-        f"    data, ctr, side = cur[0]\n"
-        f"    try:\n"
-        f"        {off}\n"
-        f"        pack(data, {slot}, t, s, {args})\n{side}"
-        f"    except error:\n"
-        f"        full(s, (t, s, {args}){', page_ids' if with_ids else ''})\n"
-    )
-
-
 
 
 def _peek(counter: itertools.count) -> int:
