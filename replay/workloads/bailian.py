@@ -11,8 +11,8 @@ One JSON object per line::
 - session: the root of the ``parent_chat_id`` chain (a parent missing from the file starts
   its own session), numbered densely in order of first arrival;
 - turn: ``turn - 1`` (0-based), or the depth in the chain when ``turn`` is absent;
-- rid_str: the ``chat_id``; page hashes: chained ids of the full 16-token blocks
-  (``hash_block_tokens`` = 16). The request ``type`` is counted in the manifest only.
+- rid_str: the ``chat_id``; page hashes: one per full 16-token block (``hash_block_tokens`` =
+  16), equal exactly where the ids and everything before them are (``imported.build_columns``). The request ``type`` is counted in the manifest only.
 """
 
 from __future__ import annotations

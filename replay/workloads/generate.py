@@ -172,7 +172,7 @@ def _materialize(units, arrivals: list[_Arrival], block: int, progress: bool) ->
     for i, a in enumerate(tqdm(arrivals, desc="page hashes", unit="req", disable=not progress, leave=False)):
         unit = units[a.serial]
         r = unit.requests[a.req]
-        seg_keys = [unit.seg_keys[j] for j in r.prompt]
+        seg_keys = [unit.segment_key(j) for j in r.prompt]
         seg_tokens = [unit.seg_tokens[j] for j in r.prompt]
         input_len[i] = sum(seg_tokens)
         output_len[i] = r.output_len

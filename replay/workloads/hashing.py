@@ -99,9 +99,9 @@ def segment_block_keys(seg_keys, seg_tokens, block_tokens: int) -> np.ndarray:
     """Content keys of the full blocks of a prompt made of synthetic segments.
 
     A segment is a run of ``seg_tokens[i]`` tokens whose content is identified by
-    ``seg_keys[i]``. A block's key is derived from the (segment key, offset in segment, length)
-    pieces that make it up, so two prompts get equal block keys exactly where their token
-    content is equal at the same position.
+    ``seg_keys[i]``. A block's key folds the (segment key, offset in segment, length) pieces that
+    make it up, in order, so two prompts get equal block keys exactly where their token content
+    is equal at the same position.
 
     Args:
         seg_keys: uint64-compatible keys, one per segment, in prompt order.
@@ -113,44 +113,31 @@ def segment_block_keys(seg_keys, seg_tokens, block_tokens: int) -> np.ndarray:
     """
     seg_keys = np.asarray(seg_keys, dtype=U64)
     seg_tokens = np.asarray(seg_tokens, dtype=np.int64)
-    total = int(seg_tokens.sum())
-    nblocks = total // block_tokens
+    keep = seg_tokens > 0
+    seg_keys, seg_tokens = seg_keys[keep], seg_tokens[keep]
+    nblocks = int(seg_tokens.sum()) // block_tokens
     if nblocks == 0:
         return np.empty(0, dtype=U64)
+    end = nblocks * block_tokens
     seg_starts = np.zeros(len(seg_tokens), dtype=np.int64)
     np.cumsum(seg_tokens[:-1], out=seg_starts[1:])
-    starts = np.arange(nblocks, dtype=np.int64) * block_tokens
-    seg = np.searchsorted(seg_starts, starts, side="right") - 1
-    # Skip empty segments: searchsorted lands on the last segment starting at or before the
-    # block start, which is non-empty whenever it contains the start.
-    inside = starts + block_tokens <= seg_starts[seg] + seg_tokens[seg]
-    keys = _piece_fold(
-        np.full(nblocks, _PIECE_ROOT, dtype=U64),
-        seg_keys[seg],
-        (starts - seg_starts[seg]).astype(U64),
-        np.full(nblocks, block_tokens, dtype=U64),
-    )
-    for b in np.flatnonzero(~inside):
-        keys[b] = _straddling_key(int(starts[b]), block_tokens, seg_keys, seg_tokens, seg_starts)
+    # Pieces: the block grid cut again at every segment start inside the hashed span.
+    cuts = np.union1d(np.arange(0, end, block_tokens), seg_starts[seg_starts < end])
+    lengths = np.diff(np.append(cuts, end))
+    block = cuts // block_tokens
+    seg = np.searchsorted(seg_starts, cuts, side="right") - 1
+    offset = cuts - seg_starts[seg]
+    # rank of each piece within its block (pieces of a block are consecutive)
+    first = np.searchsorted(block, block, side="left")
+    rank = np.arange(len(cuts)) - first
+    keys = np.full(nblocks, _PIECE_ROOT, dtype=U64)
+    for r in range(int(rank.max()) + 1):
+        sel = rank == r
+        b = block[sel]
+        keys[b] = _piece_fold(keys[b], seg_keys[seg[sel]], offset[sel].astype(U64), lengths[sel].astype(U64))
     return keys
 
 
 def _piece_fold(acc, seg_key, offset, length) -> np.ndarray:
     piece = fmix64(seg_key ^ (offset * _OFF_MUL + length * _LEN_MUL))
     return fmix64(rotl(acc, 29) ^ piece)
-
-
-def _straddling_key(start, block_tokens, seg_keys, seg_tokens, seg_starts) -> U64:
-    acc = np.array([_PIECE_ROOT], dtype=U64)
-    pos, end = start, start + block_tokens
-    i = int(np.searchsorted(seg_starts, pos, side="right") - 1)
-    while pos < end:
-        if seg_tokens[i] == 0 or seg_starts[i] + seg_tokens[i] <= pos:
-            i += 1
-            continue
-        off = pos - int(seg_starts[i])
-        n = min(end, int(seg_starts[i] + seg_tokens[i])) - pos
-        acc = _piece_fold(acc, seg_keys[i : i + 1], np.array([off], U64), np.array([n], U64))
-        pos += n
-        i += 1
-    return acc[0]

@@ -34,7 +34,13 @@ class ImportedRow:
 
 
 def build_columns(rows: list[ImportedRow], source: str) -> RequestColumns:
-    """Sort rows by arrival (stable), number sessions densely, chain the block ids.
+    """Sort rows by arrival (stable), number sessions densely, hash the blocks.
+
+    A block's identity is its prefix node: (block id, everything before it), i.e. the chain of
+    the raw ids. Nodes are numbered in order of first appearance and the page hashes are the
+    chain of those node numbers, so the result depends only on which prompts share which
+    prefixes, not on the source's id values: a relabelled copy of a trace (e.g. our own Mooncake
+    export, whose ids are node numbers) imports to the very same workload.
 
     Args:
         rows: parsed rows, in file order.
@@ -55,7 +61,8 @@ def build_columns(rows: list[ImportedRow], source: str) -> RequestColumns:
     lengths = np.array([len(r.block_ids) for r in rows], dtype=np.int64)
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter((b for r in rows for b in r.block_ids), dtype=np.uint64, count=int(offsets[-1]))
+    raw = np.fromiter((b for r in rows for b in r.block_ids), dtype=np.uint64, count=int(offsets[-1]))
+    nodes = canonical_ids(chain_hashes(raw, lengths))
     out = np.array([r.output_len for r in rows], dtype=np.int32)
     return RequestColumns(
         ts_ns=np.array([r.ts_ns for r in rows], dtype=np.int64),
@@ -64,7 +71,17 @@ def build_columns(rows: list[ImportedRow], source: str) -> RequestColumns:
         input_len=np.array([r.input_len for r in rows], dtype=np.int32),
         output_len=out,
         max_new_tokens=out.copy(),
-        page_hashes=chain_hashes(flat, lengths),
+        page_hashes=chain_hashes(nodes, lengths),
         hash_offsets=offsets,
         rid_str=[r.rid_str for r in rows],
     )
+
+
+def canonical_ids(ids: np.ndarray) -> np.ndarray:
+    """Renumber values 0, 1, 2, ... in order of first appearance (equal stay equal)."""
+    if len(ids) == 0:
+        return ids.astype(np.uint64)
+    uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    rank = np.empty(len(uniq), dtype=np.uint64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(uniq), dtype=np.uint64)
+    return rank[inverse.reshape(-1)]

@@ -5,8 +5,8 @@ Layout (DESIGN.md §3)::
     W/manifest.json
     W/request/rank=0/part-00000.parquet     # arrival rows, REQUEST columns in schema order
 
-Writing goes through the tracer's own writers (``tracer.segments.write_family_table``,
-``tracer.manifest.write_manifest``) into a temporary directory next to the target, renamed into
+Writing goes through the schema package's writers (``tracer.schema.storage.write_family_table``,
+``tracer.schema.manifest.write_manifest``) into a temporary directory next to the target, renamed into
 place only when complete. Reading accepts any trace directory (a full recording too) and keeps
 only the ``request`` family's arrival rows.
 """
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracer.manifest import read_manifest, write_manifest
+from tracer.schema.manifest import read_manifest, write_manifest
 from tracer.schema import (
     MANIFEST_FILE,
     MANIFEST_KEYS,
@@ -36,7 +36,7 @@ from tracer.schema import (
     RequestEvent,
     parse_major,
 )
-from tracer.segments import write_family_table
+from tracer.schema.storage import write_family_table
 
 from replay.workloads.errors import WorkloadError
 

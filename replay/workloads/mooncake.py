@@ -9,8 +9,9 @@ One JSON object per line::
 equal prefixes. An optional ``session_id`` (string or int, as some tools emit) is kept as the
 session, with turns numbered in arrival order.
 
-Import chains the ids of the *full* 512-token blocks into page hashes (``hash_block_tokens`` =
-512). Export maps page hashes back to small integer ids in first-seen order, one per full
+Import hashes the *full* 512-token blocks (``hash_block_tokens`` = 512): a block is identified
+by its id and everything before it, numbered in order of first appearance, then chained
+(``imported.build_columns``), so hashes do not depend on the file's id values. Export maps page hashes back to small integer ids in first-seen order, one per full
 512-token block, plus a fresh id for a partial last block, so import -> export -> import
 reproduces the same workload.
 """

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.workloads.hashing import name_key
 from replay.workloads.shapes.base import RequestPlan, UnitPlan, lognormal_int, lognormal_s, zipf_weights
 from replay.workloads.shapes.multi_turn import system_prompt_tokens
 
@@ -69,8 +68,8 @@ def plan_agentic(cfg: AgenticConfig, rng: np.random.Generator, prefix: str) -> U
     )
     initial = int(rng.integers(cfg.initial_context_tokens_min, cfg.initial_context_tokens_max + 1))
     final = int(rng.integers(max(initial, cfg.final_context_tokens_min), max(initial, cfg.final_context_tokens_max) + 1))
-    prompt = [unit.add_segment(name_key("agentic/agent_prompt", ap), ap_len)]
-    prompt.append(unit.add_segment(name_key(prefix, "task"), max(1, initial - ap_len)))
+    prompt = [unit.add_segment(("agentic/agent_prompt", ap), ap_len)]
+    prompt.append(unit.add_segment((prefix, "task"), max(1, initial - ap_len)))
     used = max(initial, ap_len + 1)
     t = 0.0
     for k in range(cfg.max_steps):
@@ -79,8 +78,8 @@ def plan_agentic(cfg: AgenticConfig, rng: np.random.Generator, prefix: str) -> U
         tool = lognormal_int(rng, cfg.tool_output_tokens_median, cfg.tool_output_tokens_sigma, 1, final)
         if used + out + tool > final:
             break
-        prompt.append(unit.add_segment(name_key(prefix, "output", k), out))
-        prompt.append(unit.add_segment(name_key(prefix, "tool", k), tool))
+        prompt.append(unit.add_segment((prefix, "output", k), out))
+        prompt.append(unit.add_segment((prefix, "tool", k), tool))
         used += out + tool
         t += out * cfg.decode_ms_per_token / 1e3 + lognormal_s(rng, cfg.tool_latency_median_s, cfg.tool_latency_sigma)
     return unit

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from replay.workloads.hashing import name_key
+
 
 @dataclass(frozen=True)
 class RequestPlan:
@@ -39,18 +41,29 @@ class RequestPlan:
 class UnitPlan:
     """Segments (key, tokens) and the requests built from them."""
 
-    seg_keys: list[int] = field(default_factory=list)
+    seg_keys: list[int | tuple] = field(default_factory=list)
     seg_tokens: list[int] = field(default_factory=list)
     requests: list[RequestPlan] = field(default_factory=list)
 
-    def add_segment(self, key: int, num_tokens: int) -> int:
-        """Append a segment; returns its index."""
-        self.seg_keys.append(int(key))
+    def add_segment(self, key: int | tuple, num_tokens: int) -> int:
+        """Append a segment; returns its index.
+
+        Args:
+            key: a 64-bit key, or a tuple of name parts turned into one by
+                ``hashing.name_key(*parts)`` only if the unit is written (planning stays cheap).
+            num_tokens: segment length.
+        """
+        self.seg_keys.append(key)
         self.seg_tokens.append(int(num_tokens))
         return len(self.seg_keys) - 1
 
     def prompt_tokens(self, prompt: tuple[int, ...]) -> int:
         return sum(self.seg_tokens[i] for i in prompt)
+
+    def segment_key(self, i: int) -> int:
+        """The 64-bit key of segment ``i``."""
+        k = self.seg_keys[i]
+        return k if isinstance(k, int) else name_key(*k)
 
 
 def lognormal_int(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int) -> int:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.workloads.hashing import name_key
 from replay.workloads.shapes.base import (
     RequestPlan,
     UnitPlan,
@@ -62,13 +61,11 @@ def plan_long_context(cfg: LongContextConfig, rng: np.random.Generator, prefix: 
     unit = UnitPlan()
     lo = int(cfg.min_prefill_chunks * cfg.chunked_prefill_size) + 1
     hi = max(lo, min(int(cfg.max_prefill_chunks * cfg.chunked_prefill_size), cfg.max_context_tokens - 1024))
-    doc = unit.add_segment(name_key(prefix, "document"), log_uniform_int(rng, lo, hi))
+    doc = unit.add_segment((prefix, "document"), log_uniform_int(rng, lo, hi))
     t = 0.0
     for k in range(geometric_turns(rng, cfg.mean_questions, cfg.max_questions)):
-        q = unit.add_segment(
-            name_key(prefix, "question", k),
-            lognormal_int(rng, cfg.question_tokens_median, cfg.question_tokens_sigma, 1, 1024),
-        )
+        q_len = lognormal_int(rng, cfg.question_tokens_median, cfg.question_tokens_sigma, 1, 1024)
+        q = unit.add_segment((prefix, "question", k), q_len)
         out = lognormal_int(rng, cfg.output_tokens_median, cfg.output_tokens_sigma, 1, cfg.max_new_tokens)
         unit.requests.append(RequestPlan(t, k, (doc, q), out, cfg.max_new_tokens))
         t += out * cfg.decode_ms_per_token / 1e3 + lognormal_s(rng, cfg.think_time_median_s, cfg.think_time_sigma)

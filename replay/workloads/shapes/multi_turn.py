@@ -79,7 +79,7 @@ def plan_multi_turn(cfg: MultiTurnConfig, rng: np.random.Generator, prefix: str)
     sp_len = system_prompt_tokens(
         "multi_turn/system", sp, cfg.system_prompt_tokens_min, cfg.system_prompt_tokens_max
     )
-    prompt = [unit.add_segment(name_key("multi_turn/system", sp), sp_len)]
+    prompt = [unit.add_segment(("multi_turn/system", sp), sp_len)]
     used = sp_len
     turns = geometric_turns(rng, cfg.mean_turns, cfg.max_turns)
     t = 0.0
@@ -92,11 +92,11 @@ def plan_multi_turn(cfg: MultiTurnConfig, rng: np.random.Generator, prefix: str)
         out = lognormal_int(rng, cfg.output_tokens_median, cfg.output_tokens_sigma, 1, cfg.max_new_tokens)
         if k > 0 and used + user + 1 > cfg.max_context_tokens:
             break  # the conversation no longer fits the context window: the session ends
-        prompt.append(unit.add_segment(name_key(prefix, "user", k), user))
+        prompt.append(unit.add_segment((prefix, "user", k), user))
         used += user
         out = min(out, cfg.max_context_tokens - used)
         unit.requests.append(RequestPlan(t, k, tuple(prompt), out, cfg.max_new_tokens))
-        prompt.append(unit.add_segment(name_key(prefix, "answer", k), out))
+        prompt.append(unit.add_segment((prefix, "answer", k), out))
         used += out
         t += out * cfg.decode_ms_per_token / 1e3 + lognormal_s(rng, cfg.think_time_median_s, cfg.think_time_sigma)
     return unit

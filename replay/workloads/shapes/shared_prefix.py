@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.workloads.hashing import name_key
 from replay.workloads.shapes.base import RequestPlan, UnitPlan, lognormal_int, zipf_weights
 from replay.workloads.shapes.multi_turn import system_prompt_tokens
 
@@ -50,7 +49,7 @@ def plan_shared_prefix(cfg: SharedPrefixConfig, rng: np.random.Generator, prefix
     p_len = system_prompt_tokens("shared_prefix/prefix", p, cfg.prefix_tokens_min, cfg.prefix_tokens_max)
     suffix = lognormal_int(rng, cfg.suffix_tokens_median, cfg.suffix_tokens_sigma, 1, 1 << 20)
     out = lognormal_int(rng, cfg.output_tokens_median, cfg.output_tokens_sigma, 1, cfg.max_new_tokens)
-    a = unit.add_segment(name_key("shared_prefix/prefix", p), p_len)
-    b = unit.add_segment(name_key(prefix, "suffix"), suffix)
+    a = unit.add_segment(("shared_prefix/prefix", p), p_len)
+    b = unit.add_segment((prefix, "suffix"), suffix)
     unit.requests.append(RequestPlan(0.0, 0, (a, b), out, cfg.max_new_tokens))
     return unit

@@ -1,0 +1,76 @@
+"""Any trace is a workload: only request arrivals are used; bad inputs are refused clearly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from replay.workloads.errors import WorkloadError
+from replay.workloads.io import RequestColumns, read_workload, workload_manifest, write_workload
+from replay.workloads.stats import workload_stats
+from tracer.schema.manifest import write_manifest
+from tracer.schema.storage import write_family_table
+
+
+def _full_trace(d, rank=0, base=0):
+    """A recorder-like trace: arrival and finish rows (uint8 event codes), plus another family."""
+    n = 4
+    t = pa.table({
+        "ts_ns": pa.array([10, 20, 30, 40, 50, 60, 70, 80], pa.int64()),
+        "seq": pa.array(range(1, 9), pa.int64()),
+        "event": pa.array([0, 0, 1, 0, 1, 2, 0, 1], pa.uint8()),
+        "rid": pa.array([0, 1, 0, 2, 1, 2, 3, 3], pa.int64()),
+        "session_id": pa.array([-1] * 8, pa.int64()),
+        "turn": pa.array([-1] * 8, pa.int32()),
+        "input_len": pa.array([32, 16, 32, 40, 16, 40, 8, 8], pa.int32()),
+        "output_len": pa.array([-1, -1, 5, -1, 6, 0, -1, 7], pa.int32()),
+        "max_new_tokens": pa.array([64] * 8, pa.int32()),
+        "cached_len": pa.array([-1, -1, 0, -1, 16, -1, -1, 0], pa.int32()),
+        "rid_str": pa.array([f"r{base + i}" for i in [0, 1, 0, 2, 1, 2, 3, 3]]),
+        "page_hashes": pa.array([[1, 2], [1], None, [1, 2], None, None, [], None], pa.list_(pa.uint64())),
+    })
+    write_family_table(d, "request", t, rank=rank)
+    m = workload_manifest(16, {})
+    m.update(producer={"name": "kvtrace", "version": "x", "source": "tracer"}, ranks=[0, 1], workload=None)
+    write_manifest(d, m)
+    assert n == 4
+
+
+def test_full_trace_arrivals_only(tmp_path):
+    _full_trace(tmp_path)
+    w = read_workload(tmp_path)
+    assert w.num_requests == 4
+    assert w.table.column("rid").to_pylist() == [0, 1, 2, 3]
+    assert w.requests.input_len.tolist() == [32, 16, 40, 8]
+    s = workload_stats(w)
+    assert s["ideal_reused_tokens"] == 16 * 3  # [1] reuses block 1; [1, 2] reuses both
+
+
+def test_rank_selection(tmp_path):
+    _full_trace(tmp_path, rank=0)
+    _full_trace(tmp_path, rank=1, base=100)
+    assert read_workload(tmp_path).requests.rid_str[0] == "r0"
+    assert read_workload(tmp_path, rank=1).requests.rid_str[0] == "r100"
+    with pytest.raises(WorkloadError, match=r"no requests for rank 5 \(ranks present: \[0, 1\]\)"):
+        read_workload(tmp_path, rank=5)
+
+
+def test_unknown_major_version_is_refused(tmp_path):
+    cols = RequestColumns(np.array([0]), np.array([-1]), np.array([-1]), np.array([16]), np.array([1]),
+                          np.array([1]), np.array([7], np.uint64), np.array([0, 1]))
+    write_workload(tmp_path / "W", cols, 16, {})
+    m = json.loads((tmp_path / "W" / "manifest.json").read_text())
+    m["schema_version"] = "2.0"
+    (tmp_path / "W" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(WorkloadError, match=r"manifest.json: schema_version 2.0 is not supported"):
+        read_workload(tmp_path / "W")
+
+
+def test_not_a_trace(tmp_path):
+    with pytest.raises(WorkloadError, match="not a directory"):
+        read_workload(tmp_path / "missing")
+    with pytest.raises(WorkloadError, match="no manifest.json"):
+        read_workload(tmp_path)
