@@ -11,6 +11,7 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.commands.inspect", "inspect"),
     ("replay.commands.recover", "recover_cmd"),
     ("replay.workloads.cli", "workload"),
+    ("replay.record", "record"),
 ]
 
 

@@ -96,14 +96,16 @@ def _prefix_release_boundary() -> Iterator[None]:
     from sglang.srt.mem_cache import common
     from sglang.srt.mem_cache.unified_cache.components import swa
 
-    saved = [(mod, mod.free_swa_out_of_window_slots) for mod in (common, swa)]
-    for mod, fn in saved:
-        mod.free_swa_out_of_window_slots = _window_only_boundary(fn)
+    orig_common, orig_swa = common.free_swa_out_of_window_slots, swa.free_swa_out_of_window_slots
+    wrapper = _window_only_boundary(orig_common)
+    # One object in both modules when they held one, so hooks installed later rebind both.
+    common.free_swa_out_of_window_slots = wrapper
+    swa.free_swa_out_of_window_slots = wrapper if orig_swa is orig_common else _window_only_boundary(orig_swa)
     try:
         yield
     finally:
-        for mod, fn in reversed(saved):
-            mod.free_swa_out_of_window_slots = fn
+        swa.free_swa_out_of_window_slots = orig_swa
+        common.free_swa_out_of_window_slots = orig_common
 
 
 @contextlib.contextmanager

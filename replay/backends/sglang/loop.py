@@ -27,7 +27,9 @@ to the tracer hooks (``tracer.sglang``) wrapped around the real classes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
+from time import perf_counter_ns
 from typing import Any, Callable, Protocol
 
 from replay.backends.sglang.build import Runtime, build_runtime, sglang_env
@@ -37,6 +39,13 @@ from replay.backends.sglang.tokens import EOS_TOKEN_ID, TokenSynth
 from replay.backends.sglang.workload import Workload, WorkloadRequest
 from replay.backends.sglang_env import bootstrap
 from replay.backends.sglang_patches import apply_patches
+
+
+#: Why a request left: ``finished`` (stop token or length), ``retract_oom`` (aborted by
+#: ``retract_decode``: out of memory even alone), ``too_long`` (refused at arrival: the prompt
+#: does not fit the full pool), ``unschedulable`` (nothing running, nothing arriving, and the
+#: admission code still refuses it).
+FINISH_REASONS = ("finished", "retract_oom", "too_long", "unschedulable")
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class StepRecord:
         step_ns: virtual duration charged to the step.
         clock_ns: virtual clock after the step.
         num_retracted: requests retracted in this step.
+        cpu_ns: host time the step's scheduling code took (measured, never used in decisions).
     """
 
     forward_ct: int
@@ -60,6 +70,7 @@ class StepRecord:
     step_ns: int
     clock_ns: int
     num_retracted: int = 0
+    cpu_ns: int = 0
 
 
 class LoopObserver(Protocol):
@@ -67,7 +78,8 @@ class LoopObserver(Protocol):
 
     def on_arrival(self, wreq: WorkloadRequest, clock_ns: int) -> None: ...
 
-    def on_finish(self, wreq: WorkloadRequest, req: Any, clock_ns: int, aborted: bool) -> None: ...
+    def on_finish(self, wreq: WorkloadRequest, req: Any, clock_ns: int, reason: str) -> None:
+        """``reason``: one of :data:`FINISH_REASONS`."""
 
     def on_step(self, step: StepRecord, backend: SglangBackend) -> None: ...
 
@@ -164,8 +176,7 @@ class SglangBackend:
     # ---------------------------------------------------------------- public API
     @property
     def done(self) -> bool:
-        return (self._next_arrival >= len(self._pending) and not self.waiting
-                and self.running.is_empty() and self.chunked_req is None)
+        return self._next_arrival >= len(self._pending) and not self._active
 
     def run(self, *, on_progress: Callable[[int], None] | None = None) -> RunResult:
         """Step until every request has finished or been aborted.
@@ -185,6 +196,7 @@ class SglangBackend:
 
     def step(self) -> StepRecord:
         """One scheduler iteration (see the module docstring). Returns its record."""
+        t0 = perf_counter_ns()
         rt = self.rt
         if rt.tree.cache_controller is not None:
             rt.tree.check_hicache_events()
@@ -196,7 +208,10 @@ class SglangBackend:
         else:
             record = self._run_batch(batch, num_retracted)
         self.forward_ct += 1
-        rt.stats_observer.get_pool_stats()  # the scheduler's per-step pool sample (hook point)
+        # The scheduler's per-step pool sample; tracer hooks take it as the step boundary, so
+        # it runs exactly once per step, after the step's results are processed.
+        rt.stats_observer.get_pool_stats()
+        record = dataclasses.replace(record, cpu_ns=perf_counter_ns() - t0)
         if self.observer is not None:
             self.observer.on_step(record, self)
         if self.check_integrity_every and self.forward_ct % self.check_integrity_every == 0:
@@ -224,14 +239,11 @@ class SglangBackend:
             self._next_arrival += 1
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
-            too_long = wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens
-            if too_long:
-                self.result.num_aborted += 1
-                if self.observer is not None:
-                    self.observer.on_finish(wreq, None, self.clock_ns, True)
-                continue
             req = self._make_req(wreq)
-            self.waiting.append(req)
+            if wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens:
+                self._abort(req, "too_long", "prompt does not fit the full KV pool")
+            else:
+                self.waiting.append(req)
 
     def _make_req(self, wreq: WorkloadRequest):
         from sglang.srt.managers.schedule_batch import Req
@@ -356,7 +368,7 @@ class SglangBackend:
             self._last_retracted = len(retracted)
             self.result.num_retractions += len(retracted)
             for req in aborted:
-                self._complete(req, aborted=True)
+                self._complete(req, "retract_oom")
             self.waiting.extend(retracted)
         else:
             self.rt.ratio.decay_step()
@@ -380,7 +392,7 @@ class SglangBackend:
         elif self.waiting and self.running.is_empty() and self.chunked_req is None:
             # Nothing runs, nothing will arrive, and the head cannot be admitted: a request
             # the pools can never hold. A server would reject it; abort it so the run ends.
-            self._complete(self.waiting.pop(0), aborted=True)
+            self._abort(self.waiting.pop(0), "unschedulable", "admission refuses it with the pools idle")
         self.last_batch = None
         return StepRecord(self.forward_ct, "idle", 0, 0, 0, self.clock_ns, num_retracted)
 
@@ -425,7 +437,7 @@ class SglangBackend:
             req.update_finish_state()
             if req.finished():
                 release_kv_cache(req, tree, checkpoint=True)
-                self._complete(req, aborted=False)
+                self._complete(req, "finished")
             else:
                 checkpoint_kv_cache(req, tree)
 
@@ -441,19 +453,26 @@ class SglangBackend:
                 req.update_finish_state(1)
                 if req.finished():
                     release_kv_cache(req, tree, checkpoint=True)
-                    self._complete(req, aborted=False)
+                    self._complete(req, "finished")
         finally:
             allocator.free_group_end()
 
-    def _complete(self, req, *, aborted: bool) -> None:
+    def _abort(self, req, reason: str, message: str) -> None:
+        """Abort a request that holds no KV (as the scheduler's abort path marks it)."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        req.finished_reason = FINISH_ABORT(message)
+        self._complete(req, reason)
+
+    def _complete(self, req, reason: str) -> None:
         active = self._active.pop(req.rid)
-        if aborted:
-            self.result.num_aborted += 1
-        else:
+        if reason == "finished":
             self.result.num_finished += 1
             self.result.cached_tokens += int(req.cached_tokens)
+        else:
+            self.result.num_aborted += 1
         if self.observer is not None:
-            self.observer.on_finish(active.wreq, req, self.clock_ns, aborted)
+            self.observer.on_finish(active.wreq, req, self.clock_ns, reason)
 
     # ---------------------------------------------------------------- accounting
     def _owners(self) -> list:

@@ -1,8 +1,8 @@
 """Per-pool occupancy of a real-code backend run and its identity check (DESIGN.md §4.5).
 
 For every pool: ``available + evictable + protected + held == capacity``. The numbers come from
-the real objects: the scheduler's ``SchedulerPoolStatsObserver`` (capacity, available,
-evictable), the tree's protected sizes, and ``held`` summed over the requests that own a row
+the real objects: the allocator (available), the tree (evictable, protected; the sizes
+``SchedulerPoolStatsObserver`` reports), and ``held`` summed over the requests that own a row
 with sglang's own ``kv_private_tokens`` / ``kv_private_swa_tokens`` (the formulas of its
 ``SchedulerInvariantChecker``). ``held`` is therefore computed independently of the other three,
 and a broken identity is a real leak or double free.
@@ -48,19 +48,21 @@ def measure(rt, owners: list) -> dict[str, PoolOccupancy]:
     )
 
     ps_ = rt.settings.page_size
-    tree = rt.tree
-    stats = rt.stats_observer.get_pool_stats()
+    tree, alloc = rt.tree, rt.allocator
     full_held = sum(kv_private_tokens(r.kv, ps_) for r in owners)
     out: dict[str, PoolOccupancy] = {}
     if rt.settings.has_swa:
-        out["full"] = PoolOccupancy(stats.full_capacity, stats.full_available_size,
-                                    stats.full_evictable_size, tree.full_protected_size(), full_held)
+        # The numbers SchedulerPoolStatsObserver._get_swa_token_info reads. Its public
+        # get_pool_stats is not called here: the loop calls it once per step, and tracer
+        # hooks take that call as the step boundary.
+        out["full"] = PoolOccupancy(rt.settings.full_pool_tokens, alloc.full_available_size(),
+                                    tree.full_evictable_size(), tree.full_protected_size(), full_held)
         swa_held = tree.swa_transient_size() + sum(kv_private_swa_tokens(r.kv, ps_) for r in owners)
-        out["swa"] = PoolOccupancy(stats.swa_capacity, stats.swa_available_size,
-                                   stats.swa_evictable_size, tree.swa_protected_size(), swa_held)
+        out["swa"] = PoolOccupancy(rt.settings.swa_tokens, alloc.swa_available_size(),
+                                   tree.swa_evictable_size(), tree.swa_protected_size(), swa_held)
     else:
-        out["full"] = PoolOccupancy(stats.full_capacity, stats.full_available_size,
-                                    stats.full_evictable_size, tree.protected_size(), full_held)
+        out["full"] = PoolOccupancy(rt.settings.full_pool_tokens, alloc.available_size(),
+                                    tree.evictable_size(), tree.protected_size(), full_held)
     for name, pool in rt.host_pools.items():
         cap, avail = int(pool.logical_size), int(pool.available_size())
         out[f"host_{name}"] = PoolOccupancy(cap, avail, cap - avail, 0, 0)

@@ -1,0 +1,140 @@
+"""``kvtrace record``: run a workload through a backend with the tracer hooks installed.
+
+With ``--backend sglang`` the workload runs through the real sglang 0.5.23 scheduler and
+memory classes (``replay.backends.sglang``) and the trace is produced by the hooks
+(``tracer.sglang``) wrapped around that real code: pool, cache, admission and request rows come
+from the real methods. The loop itself writes only the ``abort`` rows of requests it refuses
+without ever giving them KV (no real method sees those). Step rows and ``stats`` samples come
+from the hooks too: the loop calls the real ``SchedulerPoolStatsObserver.get_pool_stats`` once per
+step, after the step's results are processed, and the hooks take that call as the step
+boundary (the batch of the step is noted by their ``prepare_for_extend/decode`` hooks).
+
+Next to the trace, ``backend.json`` keeps the resolved settings, the applied patches and the
+run's summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+BACKENDS = ("sglang",)
+
+
+class _TraceObserver:
+    """Writes the finish rows no real method produces (requests refused without KV)."""
+
+    def on_arrival(self, wreq, clock_ns: int) -> None:
+        return None  # the Req.__init__ hook writes the arrival row
+
+    def on_finish(self, wreq, req, clock_ns: int, reason: str) -> None:
+        if reason in ("too_long", "unschedulable"):
+            # Never held KV, so release_kv_cache (whose hook writes finish rows) never runs.
+            from tracer.sglang import requests, state
+
+            requests.emit_finish(req, state.rid_of(req))
+
+    def on_step(self, step, backend) -> None:
+        return None  # the hooks take the loop's per-step get_pool_stats() as the step boundary
+
+
+def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sglang",
+                    overrides: tuple[str, ...] = (), detail: str = "counts", progress: bool = False,
+                    flush_interval_ms: int = 1000, check_integrity_every: int = 0) -> dict:
+    """Record ``workload`` through ``backend`` into the trace directory ``out``.
+
+    Args:
+        workload: workload trace directory (``request`` family only).
+        out: trace directory to write (must not hold a trace yet).
+        backend: only ``sglang``.
+        overrides: ``key=value`` settings (see ``replay.backends.sglang.settings``).
+        detail: ``counts`` or ``pages`` (pool rows carry page ids).
+        progress: show a tqdm bar over completed requests.
+        flush_interval_ms: recorder flush interval.
+        check_integrity_every: check the occupancy identity every N steps (0 = never).
+    Returns:
+        the ``backend.json`` object: settings, patches, run summary, hook failures, trace path.
+    Raises:
+        ValueError: unknown backend, bad setting (the message lists the valid keys), or ``out``
+            already holds a trace.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    from replay.backends.sglang import SglangBackend, load_workload, parse_overrides
+    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang_patches import PATCHES
+
+    settings = parse_overrides(overrides)
+    out = Path(out)
+    if (out / "manifest.json").exists():
+        raise ValueError(f"{out} already holds a trace; choose a new --out")
+    wl = load_workload(workload)
+    info = bootstrap()
+
+    import tracer
+    import tracer.sglang
+
+    installed_here = not tracer.sglang.is_installed()
+    tracer.sglang.install()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(wl.requests), unit="req", desc="record", leave=False)
+    try:
+        env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
+        tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
+                     hash_block_tokens=wl.hash_block_tokens, env=env, detail=detail,
+                     flush_interval_ms=flush_interval_ms)
+        try:
+            with SglangBackend(wl, settings, observer=_TraceObserver(), debug_memory_pool=False,
+                               check_integrity_every=check_integrity_every) as be:
+                result = be.run(on_progress=bar.update if bar is not None else None)
+        finally:
+            tracer.stop()
+    finally:
+        if bar is not None:
+            bar.close()
+        failures = dict(tracer.sglang.failures)
+        if installed_here:
+            tracer.sglang.uninstall()
+    applied = [p.__dict__ for p in PATCHES if getattr(settings, p.setting) == p.value]
+    summary = {"trace": str(out), "workload": str(workload), "backend": backend,
+               "sglang_version": info.sglang_version, "settings": settings.to_dict(),
+               "patches": applied, "host_copy_noops": list(info.noops), "stubbed": list(info.stubbed),
+               "hook_failures": failures, "result": result.__dict__}
+    (out / "backend.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+@click.command("record")
+@click.option("--workload", "workload", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Workload trace directory (request family only).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="sglang", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Trace directory to write.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Backend setting (repeatable), e.g. --set page_size=64 --set host_pool_tokens=262144.")
+@click.option("--detail", type=click.Choice(["counts", "pages"]), default="counts", show_default=True,
+              help="pages: pool rows also carry page ids.")
+@click.option("--check-every", "check_every", type=int, default=0, show_default=True,
+              help="Check the occupancy identity every N steps (0 = never).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (backend.json).")
+def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], detail: str,
+           check_every: int, as_json: bool) -> None:
+    """Run WORKLOAD through the real-code BACKEND with the tracer hooks on; write the trace to OUT."""
+    try:
+        summary = record_workload(workload, out, backend=backend, overrides=overrides, detail=detail,
+                                  progress=not as_json, check_integrity_every=check_every)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(summary, default=str))
+        return
+    r = summary["result"]
+    click.echo(f"recorded {out}: {r['num_finished']} finished, {r['num_aborted']} aborted, "
+               f"{r['num_retractions']} retractions, {r['num_steps']} steps "
+               f"({r['num_prefill_steps']} prefill, {r['num_decode_steps']} decode)")
+    if summary["hook_failures"]:
+        click.echo(f"hook failures: {summary['hook_failures']}", err=True)
