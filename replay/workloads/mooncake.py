@@ -46,7 +46,6 @@ def read_mooncake(path: str | os.PathLike, progress: bool = False) -> list[Impor
         FormatError: a malformed line (file, line number and field in the message).
     """
     rows = []
-    turns: dict[object, int] = {}
     for line in read_lines(path, progress):
         ts_ns = line.scaled("timestamp", 1_000_000)
         input_len = line.int("input_length")

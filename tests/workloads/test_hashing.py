@@ -64,3 +64,20 @@ def test_segment_blocks_share_exactly_the_common_content():
 def test_partial_last_block_is_not_hashed():
     assert len(segment_block_keys([1], [15], 16)) == 0
     assert len(segment_block_keys([1, 2], [8, 8], 16)) == 1
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_ids = st.lists(st.integers(min_value=0, max_value=6), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ids, _ids)
+def test_hashes_shared_exactly_on_the_common_prefix(a, b):
+    common = 0
+    while common < min(len(a), len(b)) and a[common] == b[common]:
+        common += 1
+    ha, hb = chain_one(a).tolist(), chain_one(b).tolist()
+    assert ha[:common] == hb[:common]
+    assert not set(ha[common:]) & set(hb)  # past the common prefix nothing is shared

@@ -96,3 +96,9 @@ def geometric_turns(rng: np.random.Generator, mean: float, max_turns: int) -> in
     """Turns per session: geometric on {1, 2, ...} with the given mean, capped at max_turns."""
     p = 1.0 / max(mean, 1.0)
     return int(min(rng.geometric(p), max_turns))
+
+
+def geometric_mean_capped(mean: float, max_turns: int) -> float:
+    """Exact mean of ``geometric_turns(rng, mean, max_turns)``: (1 - (1 - p)**max) / p."""
+    p = 1.0 / max(mean, 1.0)
+    return (1.0 - (1.0 - p) ** max_turns) / p
