@@ -39,7 +39,7 @@ def test_replay_imports_only_the_schema_package_from_tracer():
 def _allowed_tracer_runtime(f: Path) -> bool:
     """The recording commands run the tracer itself (record/launch drive a live recorder)."""
     rel = str(f.relative_to(ROOT))
-    return rel.startswith("replay/backends/") or rel in {"replay/record.py", "replay/launch.py"}
+    return rel.startswith("replay/backends/") or rel in {"replay/record.py", "replay/launch.py", "replay/demo.py"}
 
 
 def test_replay_never_imports_notebooks():
