@@ -131,9 +131,11 @@ class RadixCache:
 
     def checkpoint(self, req: ReqState, up_to_tokens: int, finished: bool) -> int:
         """Insert the request's KV up to ``up_to_tokens`` and move its lock (SGLang
-        ``checkpoint_into_tree``). Returns the new ``protected_tokens``."""
+        ``checkpoint_into_tree``). ``up_to_tokens`` is clamped to [protected, seq]: the
+        tree-owned prefix never shrinks (SGLang asserts this). Returns the new
+        ``protected_tokens``."""
         ps, tree = self.ps, self.tree
-        up_to = min(up_to_tokens, req.seq_tokens)
+        up_to = max(min(up_to_tokens, req.seq_tokens), req.protected_tokens)
         branching = req.swa_branching_tokens
         if branching is not None and req.protected_tokens < branching <= up_to:
             up_to = branching
