@@ -57,10 +57,10 @@ class SglangSettings:
 
     page_size: int = 16
     sliding_window_tokens: int = 128
-    full_pool_tokens: int = 65536
+    full_pool_tokens: int = 262144
     swa_pool_tokens: int = 0
     swa_full_tokens_ratio: float = 0.25
-    chunked_prefill_size: int = 4096
+    chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384
     max_running_requests: int = 64
     max_context_tokens: int = 0

@@ -1,0 +1,157 @@
+"""Overhead of the tracer hooks on the real sglang code: one workload, hooks off and on.
+
+The same workload runs through the real-code backend (``replay.backends.sglang``) with the hooks
+uninstalled and with them installed and recording, alternating the order over ``--repeat``
+rounds; the medians are compared. Only ``run()`` is timed (object construction and the final
+flush are reported apart). Both runs must reach the identical result: the hooks observe, they
+never change a decision.
+
+    python bench/sglang_overhead.py                       # data/workloads/mixed, table
+    python bench/sglang_overhead.py --requests 120 --json # one JSON object
+
+``--json`` keys: ``wall_s_off``, ``wall_s_on``, ``slowdown_pct``, ``events_per_s`` (events
+recorded per second of the hooked run), plus CPU-time figures, event counts and the settings.
+Target (issue 4): ``slowdown_pct`` <= 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_WORKLOAD = ROOT / "data" / "workloads" / "mixed"
+DEFAULT_SETTINGS: tuple[str, ...] = ()  # the backend defaults (262k-token full pool, SWA W=128)
+
+
+def _run_off(workload, settings) -> tuple[float, float, object]:
+    from replay.backends.sglang import SglangBackend
+
+    with SglangBackend(workload, settings, debug_memory_pool=False) as be:
+        t, c = time.perf_counter(), time.process_time()
+        result = be.run()
+        return time.perf_counter() - t, time.process_time() - c, result
+
+
+def _run_on(workload, settings, out: Path) -> tuple[float, float, object, int, float]:
+    import tracer
+    import tracer.sglang
+    from replay.backends.sglang import SglangBackend
+    from replay.trace import open_trace
+    from tracer.schema import FAMILIES
+
+    tracer.sglang.install()
+    try:
+        tracer.start(out, source="sglang-backend", server=settings.server(),
+                     hash_block_tokens=workload.hash_block_tokens)
+        try:
+            with SglangBackend(workload, settings, debug_memory_pool=False) as be:
+                t, c = time.perf_counter(), time.process_time()
+                result = be.run()
+                wall, cpu = time.perf_counter() - t, time.process_time() - c
+        finally:
+            t_stop = time.perf_counter()
+            tracer.stop()
+            stop_s = time.perf_counter() - t_stop
+        failures = dict(tracer.sglang.failures)
+    finally:
+        tracer.sglang.uninstall()
+    if failures:
+        raise RuntimeError(f"hook failures: {failures}")
+    tr = open_trace(out)
+    if tr.num_dropped:
+        raise RuntimeError(f"the hooked run dropped {tr.num_dropped} events")
+    events = sum(tr.rows(f) for f in FAMILIES)
+    return wall, cpu, result, events, stop_s
+
+
+def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 3) -> dict:
+    """Run the workload ``repeat`` times with hooks off and on; returns the JSON object."""
+    from replay.backends.sglang import load_workload, parse_overrides
+    from replay.backends.sglang_env import bootstrap
+
+    info = bootstrap()
+    settings = parse_overrides(overrides)
+    wl = load_workload(workload_path)
+    if requests:
+        wl = dataclasses.replace(wl, requests=wl.requests[:requests])
+    off, on, cpu_off, cpu_on, events, stops = [], [], [], [], [], []
+    tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
+    reference = None
+    try:
+        for i in range(repeat):
+            order = ("off", "on") if i % 2 == 0 else ("on", "off")
+            for mode in order:
+                if mode == "off":
+                    wall, cpu, result = _run_off(wl, settings)
+                    off.append(wall)
+                    cpu_off.append(cpu)
+                else:
+                    wall, cpu, result, n, stop_s = _run_on(wl, settings, tmp / f"run{i}")
+                    on.append(wall)
+                    cpu_on.append(cpu)
+                    events.append(n)
+                    stops.append(stop_s)
+                if reference is None:
+                    reference = result
+                elif result != reference:
+                    raise RuntimeError("hooks changed the run's result")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    w_off, w_on = statistics.median(off), statistics.median(on)
+    c_off, c_on = statistics.median(cpu_off), statistics.median(cpu_on)
+    return {
+        "workload": str(workload_path),
+        "num_requests": len(wl.requests),
+        "num_steps": reference.num_steps,
+        "repeat": repeat,
+        "wall_s_off": round(w_off, 4),
+        "wall_s_on": round(w_on, 4),
+        "slowdown_pct": round((w_on - w_off) / w_off * 100, 2),
+        "events": int(statistics.median(events)),
+        "events_per_s": round(statistics.median(events) / w_on, 1),
+        "cpu_s_off": round(c_off, 4),
+        "cpu_s_on": round(c_on, 4),
+        "cpu_slowdown_pct": round((c_on - c_off) / c_off * 100, 2),
+        "stop_flush_s": round(statistics.median(stops), 4),
+        "wall_s_off_runs": [round(x, 4) for x in off],
+        "wall_s_on_runs": [round(x, 4) for x in on],
+        "sglang_version": info.sglang_version,
+        "settings": settings.to_dict(),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD, help="workload trace directory")
+    ap.add_argument("--requests", type=int, default=0, help="use only the first N arrivals (0 = all)")
+    ap.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
+                    help="backend setting (repeatable); default: the backend defaults")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of (off, on); medians are compared")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    overrides = tuple(args.overrides) if args.overrides else DEFAULT_SETTINGS
+    r = measure(args.workload, requests=args.requests, overrides=overrides, repeat=args.repeat)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"workload {r['workload']}: {r['num_requests']} requests, {r['num_steps']} steps, "
+          f"{r['repeat']} rounds (medians)")
+    print(f"{'':14}{'hooks off':>12}{'hooks on':>12}{'slowdown':>11}")
+    print(f"{'wall s':14}{r['wall_s_off']:>12.3f}{r['wall_s_on']:>12.3f}{r['slowdown_pct']:>10.2f}%")
+    print(f"{'cpu s':14}{r['cpu_s_off']:>12.3f}{r['cpu_s_on']:>12.3f}{r['cpu_slowdown_pct']:>10.2f}%")
+    print(f"events recorded {r['events']:,} ({r['events_per_s']:,.0f}/s); final flush {r['stop_flush_s']:.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
