@@ -12,6 +12,8 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.commands.recover", "recover_cmd"),
     ("replay.workloads.cli", "workload"),
     ("replay.record", "record"),
+    ("replay.launch", "launch"),
+    ("replay.launch", "hooks"),
 ]
 
 

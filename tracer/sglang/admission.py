@@ -11,7 +11,11 @@ the SWA budget: ``SWAPrefillBudget.check_prefill`` returned a cap below the chun
 ``no_token`` (total budget), ``other`` (batch/chunk/input limits).
 
 The budget check is observed by wrapping ``PrefillBudget.check_prefill`` (and overrides): it only
-reads the arguments and result, and recomputes the SWA need with the budget's own ``swa_tokens``.
+keeps the arguments and result; the SWA need (the budget's own ``swa_tokens``) and the remaining
+budgets are read only for rows that are written. A request that keeps waiting for the same reason
+(same verdict, prefix and request) gets one row, not one per step. The selection's temporary pin
+of the candidate's prefix (a lock and unlock inside ``add_one_req``) leaves no ``cache`` rows; the
+admission's own lock (``_commit_prefill_admission``) does.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ ADMIT, RETRACT = int(SchedKind.ADMIT), int(SchedKind.RETRACT)
 V_ADMITTED, V_CHUNKED, V_SHRUNK = int(Verdict.ADMITTED), int(Verdict.CHUNKED), int(Verdict.SHRUNK)
 V_NO_TOKEN, V_SWA_WAIT, V_OTHER = int(Verdict.NO_TOKEN), int(Verdict.SWA_WAIT), int(Verdict.OTHER)
 
-# Last budget check inside the admission in progress:
-# [active, total_ok, can_admit, chunk_limit_in, limit_out, swa_needed]
-_chk = [False, True, True, None, None, -1]
+# Last budget check inside the admission in progress (values read lazily, only for rows that
+# are written): [active, budget, kwargs, (can_admit, limit_out)]
+_chk: list = [False, None, None, None]
+# rid -> (verdict, prefix_len, requested) of its last rejection row (repeats are not written)
+_last_reject: dict[int, tuple] = {}
 
 
 def _make_check_prefill():
@@ -37,25 +43,23 @@ def _make_check_prefill():
         def check_prefill(self, *args, **kwargs):
             out = orig(self, *args, **kwargs)
             if _chk[0]:
-                try:
-                    can_admit, limit = out
-                    total_ok = kwargs.get("total_tokens", 0) < self.remaining_total
-                    needed = -1
-                    if hasattr(self, "swa_tokens"):
-                        ps = self.page_size
-                        ext = kwargs.get("extend_input_len", 0)
-                        needed = int(self.swa_tokens(
-                            -(-ext // ps) * ps, kwargs.get("max_new_tokens", 0),
-                            chunk_limit=kwargs.get("chunk_limit"),
-                            swa_host_hit_length=kwargs.get("swa_host_hit_length", 0)))
-                    _chk[1:] = [total_ok, bool(can_admit), kwargs.get("chunk_limit"), limit, needed]
-                except Exception as e:
-                    state.note_failure("admission.check_prefill", e)
+                _chk[1], _chk[2], _chk[3] = self, kwargs, out
             return out
 
         return check_prefill
 
     return make
+
+
+def _swa_needed(budget, kw) -> int:
+    """SWA tokens the checked extend needs (the budget's own estimate), -1 without SWA."""
+    if budget is None or kw is None or not hasattr(budget, "swa_tokens"):
+        return -1
+    ps = budget.page_size
+    ext = kw.get("extend_input_len", 0)
+    return int(budget.swa_tokens(-(-ext // ps) * ps, kw.get("max_new_tokens", 0),
+                                 chunk_limit=kw.get("chunk_limit"),
+                                 swa_host_hit_length=kw.get("swa_host_hit_length", 0)))
 
 
 def _budgets(adder) -> tuple[int, int]:
@@ -79,13 +83,15 @@ def _make_add(chunked: bool):
                 state.note_failure("admission.pre", e)
                 return orig(self, req, *args, **kwargs)
             rid = state.rid_of(req)
-            _chk[:] = [True, True, True, None, None, -1]
+            _chk[:] = [True, None, None, None]
             prev_rid, state.cur_rid[0] = state.cur_rid[0], rid
+            state.admission_pin[0] += 1
             out = None
             try:
                 out = orig(self, req, *args, **kwargs)
                 return out
             finally:
+                state.admission_pin[0] -= 1
                 state.cur_rid[0] = prev_rid
                 chk = list(_chk)
                 _chk[0] = False
@@ -99,10 +105,29 @@ def _make_add(chunked: bool):
     return make
 
 
+def _make_commit():
+    """The admission's own lock (``_commit_prefill_admission``) is recorded, unlike the pin."""
+
+    def make(orig):
+        def commit(self, *args, **kwargs):
+            state.admission_pin[1] += 1
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                state.admission_pin[1] -= 1
+
+        return commit
+
+    return make
+
+
 def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk) -> None:
-    _, total_ok, can_admit, limit_in, limit_out, needed = chk
+    _, budget, kw, result = chk
+    can_admit, limit_out = result if result is not None else (True, None)
+    limit_in = kw.get("chunk_limit") if kw else None
     admitted = len(adder.can_run_list) > n0 and adder.can_run_list[-1] is req
     if admitted:
+        _last_reject.pop(rid, None)
         got = int(req.extend_end) - int(req.prefix_len)
         if got >= requested:
             verdict = V_ADMITTED
@@ -115,15 +140,22 @@ def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out,
         name = getattr(out, "name", "")
         if chunked:
             verdict = V_NO_TOKEN
-        elif name == "NO_TOKEN" and total_ok and not can_admit and needed >= 0:
-            verdict = V_SWA_WAIT
+        elif name == "NO_TOKEN" and budget is not None and not can_admit and hasattr(
+                budget, "swa_tokens") and kw.get("total_tokens", 0) < budget.remaining_total:
+            verdict = V_SWA_WAIT  # the total budget fit; the SWA budget did not
         elif name == "NO_TOKEN":
             verdict = V_NO_TOKEN
         else:
             verdict = V_OTHER
+        key = (verdict, prefix0, requested)
+        if _last_reject.get(rid) == key:
+            return  # the same request waiting for the same reason: one row per change
+        _last_reject[rid] = key
+        if len(_last_reject) > 65536:
+            _last_reject.clear()
     rem_total, rem_swa = _budgets(adder)
     tracer.sched(ADMIT, state.step_clock.forward_ct, 0, 0, 0, 0, rid, prefix0, requested,
-                 host_hit, requested, got, verdict, rem_total, rem_swa, needed)
+                 host_hit, requested, got, verdict, rem_total, rem_swa, _swa_needed(budget, kw))
 
 
 def _make_release_req():
@@ -158,6 +190,7 @@ def install(patcher, lazy: bool = False) -> int:
     if sp is not None:
         n += patcher.wrap_method(sp.PrefillAdder, "add_one_req", _make_add(False))
         n += patcher.wrap_method(sp.PrefillAdder, "add_chunked_req", _make_add(True))
+        n += patcher.wrap_method(sp.PrefillAdder, "_commit_prefill_admission", _make_commit())
     pb = target("sglang.srt.mem_cache.prefill_budget", lazy)
     if pb is not None:
         n += patcher.wrap_method_tree(pb.PrefillBudget, "check_prefill", _make_check_prefill())

@@ -58,6 +58,20 @@ SWA_METHODS = (
 
 _leaf_types: tuple[type, ...] = ()
 _swa_types: tuple[type, ...] = ()
+_fast_types: frozenset = frozenset()  # leaf classes whose available_size() is the base formula
+
+
+def _available(a) -> int:
+    """``a.available_size()`` without ``Tensor.__len__`` (a Python-level call, ~2 us):
+    free-list ``shape[0]`` plus the staged/release count, exactly the formula of the token and
+    paged allocators. Subclasses that override ``available_size`` use their own."""
+    if type(a) not in _fast_types:
+        return a.available_size()
+    d = a.__dict__
+    staged = d.get("num_staged_pages")
+    if staged is not None:  # paged
+        return (d["free_pages"].shape[0] + staged) * d["page_size"]
+    return d["free_pages"].shape[0] + d["release_pages"].shape[0]
 
 
 def _pages_mode() -> bool:
@@ -66,6 +80,7 @@ def _pages_mode() -> bool:
 
 
 def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
+    state.dirty[0] = True
     if ids is None:
         tracer.pool(pool, op, state.cur_rid[0], n, n // ps if ps > 1 else n, dur_ns)
     else:
@@ -122,9 +137,7 @@ def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, ou
     if pool is None:
         return
     ps = a.page_size
-    delta = before - a.available_size()
-    if kind == "group_begin":
-        return
+    delta = before - _available(a)
     if delta > 0:
         ids = _alloc_page_ids(a, name, fp0, delta // ps, out) if fp0 is not None else None
         _emit(pool, ALLOC, delta, ps, dur_ns, ids)
@@ -152,8 +165,15 @@ def _make_leaf(kind: str, name: str):
                 if cap is not None:  # detail=pages: collect the ids actually released
                     _capture_inner(self, name, args, cap)
                 return orig(self, *args, **kwargs)
+            if kind == "group_begin":  # no occupancy change; remember when the group opened
+                d["_kvt_group_t0"] = perf_counter_ns()
+                return orig(self, *args, **kwargs)
+            if kind == "group_end":
+                if not (d.get("free_group") or d.get("free_page_ids_group")):
+                    return orig(self, *args, **kwargs)  # empty group: releases nothing
+                _group_begin_marker(self, d)
             try:
-                before = self.available_size()
+                before = _available(self)
             except Exception:  # under construction (free list not built yet)
                 return orig(self, *args, **kwargs)
             fp0 = cap = None
@@ -161,10 +181,6 @@ def _make_leaf(kind: str, name: str):
                 fp0 = d.get("free_pages") if kind == "alloc" else None
                 cap = d["_kvt_cap"] = []
                 _capture_inner(self, name, args, cap)
-            if kind == "group_begin":
-                d["_kvt_group_t0"] = perf_counter_ns()
-            elif kind == "group_end":
-                _group_begin_marker(self, d)
             d["_kvt_busy"] = True
             out = None
             t0 = perf_counter_ns()
@@ -371,6 +387,7 @@ def _make_req_pool(name: str):
 def _account_req_pool(p, name: str, before: int, dur_ns: int, args, out) -> None:
     delta = before - len(p.free_slots)
     rid = state.cur_rid[0]
+    state.dirty[0] = True
     if name == "alloc" and args:
         live = state.registry.live_reqs
         for r in args[0]:
@@ -411,6 +428,9 @@ def install(patcher, lazy: bool = False) -> int:
         Base = base.BaseTokenToKVPoolAllocator
         Token, Paged = token.TokenToKVPoolAllocator, paged.PagedTokenToKVPoolAllocator
         _leaf_types = (Token, Paged)
+        global _fast_types
+        _fast_types = frozenset(
+            c for c in (Token, Paged) if "available_size" in c.__dict__ or c is Token)
         for name, kind in LEAF_METHODS.items():
             for cls in (Base, Token, Paged):
                 n += patcher.wrap_method(cls, name, _make_leaf(kind, name))

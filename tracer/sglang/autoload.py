@@ -80,8 +80,13 @@ def _rank_guess():
         rank = (int(dp) if dp is not None else 0) * tp_size * pp_size + pp * tp_size + tp
     except Exception:
         return None
-    taken = Path(os.environ["KVTRACE_DIR"]) / "ranks" / f"rank={rank}.json"
-    return None if taken.exists() else rank
+    path = Path(os.environ["KVTRACE_DIR"]) / "ranks" / f"rank={rank}.json"
+    try:  # reserve it exclusively: two processes of the same tp rank (e.g. DP replicas) race
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError:
+        return None
+    return rank
 
 
 def start_recording(reason: str) -> None:
@@ -100,6 +105,7 @@ def start_recording(reason: str) -> None:
                      hash_block_tokens=int(os.environ.get("KVTRACE_HASH_BLOCK_TOKENS",
                                                           requests.DEFAULT_HASH_BLOCK_TOKENS)),
                      **opts)
+        update_manifest_server()  # what is known now (the first pool); again at the first step
         state.manifest_pending[0] = True
         log.info("kvtrace: recording %s (pid %d, first object: %s)", os.environ["KVTRACE_DIR"],
                  os.getpid(), reason)

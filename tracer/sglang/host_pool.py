@@ -42,6 +42,7 @@ def _ids(t, ps: int):
 
 def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
     pages = n // ps if ps > 1 else n
+    state.dirty[0] = True
     if ids is None:
         tracer.pool(pool, op, state.cur_rid[0], n, pages, dur_ns)
     else:

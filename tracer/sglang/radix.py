@@ -34,6 +34,12 @@ _ev = [0, 0, 0]
 _ck = [0, 0]
 
 
+def _dirty_cache(*args) -> None:
+    """A ``cache`` row for an op that may change the tree's ledger (marks stats dirty)."""
+    state.dirty[0] = True
+    tracer.cache(*args)
+
+
 def _swa_ct():
     return _CT.get("SWA")
 
@@ -96,7 +102,7 @@ def _make_insert():
                         _ck[1] = prefix
                 else:
                     key_len = len(params.key) if getattr(params, "key", None) is not None else 0
-                    tracer.cache(INSERT, state.cur_rid[0], prefix, 0, 0, max(0, key_len - prefix),
+                    _dirty_cache(INSERT, state.cur_rid[0], prefix, 0, 0, max(0, key_len - prefix),
                                  0, 0, 0, 0, perf_counter_ns() - t0)
             except Exception as e:
                 state.note_failure("radix.insert", e)
@@ -132,7 +138,7 @@ def _make_checkpoint():
                 state.cur_rid[0] = prev_rid
                 try:
                     after = req.kv.cache_protected_len
-                    tracer.cache(INSERT, rid, max(prefix, 0), 0, 0, max(0, after - before),
+                    _dirty_cache(INSERT, rid, max(prefix, 0), 0, 0, max(0, after - before),
                                  0, 0, 0, 0, dur)
                 except Exception as e:
                     state.note_failure("radix.checkpoint", e)
@@ -160,7 +166,7 @@ def _make_evict():
                 _ev[0] -= 1
                 if outer and out is not None:
                     try:
-                        tracer.cache(EVICT, state.cur_rid[0], 0, 0, 0, out.num_tokens_evicted,
+                        _dirty_cache(EVICT, state.cur_rid[0], 0, 0, 0, out.num_tokens_evicted,
                                      out.swa_num_tokens_evicted, 0, _ev[1], _ev[2],
                                      perf_counter_ns() - t0)
                     except Exception as e:
@@ -196,7 +202,8 @@ def _make_accumulate():
 def _make_lock(op: int):
     def make(orig):
         def lock_op(self, *args, **kwargs):
-            if tracer.pool is _NOOP:
+            pin = state.admission_pin
+            if tracer.pool is _NOOP or (pin[0] and not pin[1]):
                 return orig(self, *args, **kwargs)
             try:
                 f0, s0 = _protected(self)
@@ -206,6 +213,8 @@ def _make_lock(op: int):
             out = orig(self, *args, **kwargs)
             try:
                 f1, s1 = _protected(self)
+                if f1 != f0 or s1 != s0:
+                    state.dirty[0] = True
                 tracer.cache(op, state.cur_rid[0], 0, 0, 0, abs(f1 - f0), abs(s1 - s0), 0, 1, 0,
                              perf_counter_ns() - t0)
             except Exception as e:
@@ -236,7 +245,7 @@ def _make_load_back():
                     loaded = int(out[0]) if out else 0
                     host_hit = int(getattr(params, "host_hit_length", 0) or 0)
                     swa_hit = int(getattr(req, "swa_host_hit_length", 0) or 0) if req else 0
-                    tracer.cache(LOAD_BACK, rid, 0, host_hit, swa_hit, loaded, 0, host_hit, 0, 0,
+                    _dirty_cache(LOAD_BACK, rid, 0, host_hit, swa_hit, loaded, 0, host_hit, 0, 0,
                                  perf_counter_ns() - t0)
                 except Exception as e:
                     state.note_failure("radix.load_back", e)
@@ -261,7 +270,7 @@ def _make_backup():
                         idx = getattr(x, "device_indices", None)
                         swa += len(idx) if idx is not None else 0
                 host = len(out) if out is not None else 0
-                tracer.cache(BACKUP, state.cur_rid[0], 0, 0, 0, len(device_value), swa, host, 1, 0,
+                _dirty_cache(BACKUP, state.cur_rid[0], 0, 0, 0, len(device_value), swa, host, 1, 0,
                              perf_counter_ns() - t0)
             except Exception as e:
                 state.note_failure("radix.backup", e)
@@ -280,7 +289,7 @@ def _make_evict_host():
             t0 = perf_counter_ns()
             out = orig(self, *args, **kwargs)
             try:
-                tracer.cache(HOST_EVICT, state.cur_rid[0], 0, 0, 0, 0, 0, int(out or 0), 0, 0,
+                _dirty_cache(HOST_EVICT, state.cur_rid[0], 0, 0, 0, 0, 0, int(out or 0), 0, 0,
                              perf_counter_ns() - t0)
             except Exception as e:
                 state.note_failure("radix.evict_host", e)
@@ -310,7 +319,7 @@ def _make_release_kv_cache():
             finally:
                 state.cur_rid[0] = prev_rid
                 try:
-                    tracer.cache(RELEASE, rid, protected, 0, 0, max(0, allocated - protected), 0,
+                    _dirty_cache(RELEASE, rid, protected, 0, 0, max(0, allocated - protected), 0,
                                  0, 0, 0, perf_counter_ns() - t0)
                     if req.finished():
                         from tracer.sglang import requests
@@ -345,7 +354,7 @@ def _make_free_swa_out_of_window():
                     try:
                         freed = req.kv.get_evicted_seqlen(ct) - before
                         if freed > 0:
-                            tracer.cache(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0,
+                            _dirty_cache(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0,
                                          perf_counter_ns() - t0)
                     except Exception as e:
                         state.note_failure("radix.swa_release", e)

@@ -20,11 +20,12 @@ import weakref
 from collections import Counter
 
 import tracer
-from tracer.recorder import _noop
 
 log = logging.getLogger("kvtrace.sglang")
 
-_NOOP = _noop
+# The no-op bound to ``tracer.pool`` while not recording: ``tracer.pool is _NOOP`` is the
+# cheapest "not recording" test (one module attribute read and an identity comparison).
+_NOOP = tracer._NOOPS["pool"]
 
 
 def recording() -> bool:
@@ -218,3 +219,10 @@ server_args_hint: list = [None]
 # Set when the autoload started the recorder: the live server description (pool sizes) is
 # merged into the manifest at the first step.
 manifest_pending: list = [False]
+
+# Set by every row that can change a pool, the tree's ledger or a request's private KV; the
+# stats sampler samples only when it is set (or on ``KVTRACE_STATS=step``), then clears it.
+dirty = [True]
+# [depth inside PrefillAdder.add_one_req/add_chunked_req, depth inside its commit]: the
+# selection's temporary prefix pin (lock + unlock of the candidate's prefix) leaves no rows.
+admission_pin = [0, 0]

@@ -163,7 +163,8 @@ def step(mode: int, batch_size: int = 0, num_tokens: int = 0, step_ns: int = 0,
         num_tokens: tokens run (extend tokens for prefill, batch size for decode).
         step_ns: wall time of the step.
         forward_ct: step number (default: previous + 1).
-        stats: also sample the pools.
+        stats: also sample the pools (when anything changed since the last sample, or at every
+            step with ``KVTRACE_STATS=step``).
     Mutates: ``state.step_clock.forward_ct``.
     """
     if tracer.pool is _NOOP:
@@ -172,7 +173,8 @@ def step(mode: int, batch_size: int = 0, num_tokens: int = 0, step_ns: int = 0,
         fct = state.step_clock.forward_ct + 1 if forward_ct is None else int(forward_ct)
         state.step_clock.forward_ct = fct
         tracer.sched(STEP, fct, int(mode), int(batch_size), int(num_tokens), int(step_ns))
-        if stats:
+        if stats and (state.dirty[0] or _EVERY_STEP):
+            state.dirty[0] = False
             _sample(fct)
         tracer.tick()
     except Exception as e:
@@ -210,6 +212,9 @@ class _LoopState:
 
 
 _loop = _LoopState()
+# KVTRACE_STATS=step: a stats sample at every step; default "change": only at steps after which
+# a pool, the tree's ledger or a request's KV changed (an unchanged step repeats the last sample).
+_EVERY_STEP = os.environ.get("KVTRACE_STATS", "change") == "step"
 _IDLE_SAMPLE_NS = int(float(os.environ.get("KVTRACE_IDLE_SAMPLE_MS", "1000")) * 1e6)
 
 
