@@ -75,6 +75,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.ps = cfg.page_size
         self.window = cfg.sliding_window_tokens
         self.target: dict[int, int] = {}  # rid -> prompt tokens
+        self.history: list[tuple[list[int], int]] = []  # finished (hashes, tokens)
         self.in_group = False
 
     # ---- helpers -----------------------------------------------------------------------
@@ -97,10 +98,22 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(base=st.integers(0, 2), share_pages=st.integers(0, 40), tokens=st.integers(2, 80),
           chunk=st.integers(1, 40), priority=st.integers(0, 2), load=st.booleans())
     def new_request(self, base, share_pages, tokens, chunk, priority, load):
+        hashes = BASES[base][:share_pages] + seq(100 + self.next_rid, 64)
+        self._start(hashes, tokens, chunk, priority, load)
+
+    @precondition(lambda self: self.model is not None and self.history)
+    @rule(i=st.integers(0, 99), extra=st.integers(1, 40), chunk=st.integers(1, 80),
+          load=st.booleans())
+    def next_turn(self, i, extra, chunk, load):
+        """Multi-turn: the next prompt extends a finished conversation."""
+        hashes, tokens = self.history[i % len(self.history)]
+        new = hashes[: tokens // self.ps] + seq(100 + self.next_rid, 64)
+        self._start(new, tokens + extra, chunk, 0, load)
+
+    def _start(self, hashes, tokens, chunk, priority, load):
         m = self.model
         rid = self.next_rid
         self.next_rid += 1
-        hashes = BASES[base][:share_pages] + seq(100 + rid, 64)
         match = m.match(hashes, max_tokens=tokens - 1)
         assert match.device_hit_tokens <= tokens - 1
         m.admit(rid, hashes, match, priority=priority)
@@ -149,6 +162,8 @@ class ModelMachine(RuleBasedStateMachine):
         rids = self._running()
         rid = rids[i % len(rids)]
         req = self.model.request(rid)
+        if finish:
+            self.history.append((req.page_hashes, req.seq_tokens))
         self.model.release(rid, checkpoint=finish, up_to_tokens=max(req.seq_tokens - trim, 0))
         del self.target[rid]
 
@@ -209,7 +224,7 @@ def _settings(n, steps):
 
 
 TestModelMachine = ModelMachine.TestCase
-TestModelMachine.settings = _settings(400, 30)
+TestModelMachine.settings = _settings(1200, 40)
 
 
 class SWAHiCacheMachine(ModelMachine):
@@ -224,8 +239,8 @@ class SWAHiCacheMachine(ModelMachine):
 
 @pytest.mark.slow
 class TestSWAHiCacheMachineLong(SWAHiCacheMachine.TestCase):
-    settings = _settings(300, 60)
+    settings = _settings(250, 80)
 
 
 TestSWAHiCacheMachine = SWAHiCacheMachine.TestCase
-TestSWAHiCacheMachine.settings = _settings(150, 30)
+TestSWAHiCacheMachine.settings = _settings(500, 40)

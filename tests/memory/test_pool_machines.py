@@ -21,7 +21,7 @@ from replay.memory.allocator import DeviceAllocator
 from replay.memory.host_pool import HostPool
 
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=300,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

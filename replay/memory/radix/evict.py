@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import heapq
-
 from replay.memory.results import EvictResult
 
 
@@ -53,22 +51,14 @@ class EvictMixin:
 
     # ---- FULL --------------------------------------------------------------------------
 
-    def _heap_entry(self, node):
-        return (self.policy.priority(node), node.last_access, node.id, node)
-
     def _evict_full(self, target: int, res: EvictResult, swa_target: bool = False) -> None:
         pools = self.pools
         avail = pools.swa_available_tokens if swa_target else pools.full_available_tokens
-        heap = [self._heap_entry(n) for n in self.device_leaves]
-        heapq.heapify(heap)
-        while heap and avail() < target:
-            node = heapq.heappop(heap)[-1]
-            if node not in self.device_leaves:
-                continue
-            parent = node.parent
-            self.evict_device_leaf(node, res)
-            if parent in self.device_leaves:
-                heapq.heappush(heap, self._heap_entry(parent))
+        while avail() < target:
+            node = self.device_heap.pop()
+            if node is None:
+                break
+            self.evict_device_leaf(node, res)  # a parent that becomes a leaf is pushed
 
     def evict_device_leaf(self, node, res: EvictResult) -> None:
         """Evict one device leaf: demote if backed up, else back up (write_back) or delete."""
@@ -181,16 +171,11 @@ class EvictMixin:
         """
         res = EvictResult()
         if full_tokens > 0 and self.host_full is not None:
-            heap = [self._heap_entry(n) for n in self.host_leaves]
-            heapq.heapify(heap)
-            while heap and res.host_full_tokens < full_tokens:
-                node = heapq.heappop(heap)[-1]
-                if node not in self.host_leaves:
-                    continue
-                parent = node.parent
+            while res.host_full_tokens < full_tokens:
+                node = self.host_heap.pop()
+                if node is None:
+                    break
                 self._evict_host_leaf(node, res)
-                if parent in self.host_leaves:
-                    heapq.heappush(heap, self._heap_entry(parent))
         if swa_tokens > 0 and self.host_swa is not None:
             lru = self.swa_host_lru
             x = lru.lru()

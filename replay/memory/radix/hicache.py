@@ -24,6 +24,7 @@ class HiCacheMixin:
         if node.full is None or (self.hicache and self.write_back):
             return False
         node.hit_count += 1
+        self._touch_leaf(node)
         return (
             self.hicache
             and node.full_host is None

@@ -77,6 +77,7 @@ class InsertMixin:
                 dups += self._overlap(child, seg, pos, prev_pages, ws_pages)
             if (pos + m) * ps > inserted_tokens and self._inc_hit_and_check(child):
                 self.backup(child)
+            self._touch_leaf(child)
             node, pos = child, pos + m
         prefix_tokens = pos * ps
         new_leaf = pos < n
@@ -89,6 +90,7 @@ class InsertMixin:
             if new_leaf:
                 if n * ps > inserted_tokens and self._inc_hit_and_check(node):
                     self.backup(node)
+                self._touch_leaf(node)
             elif self.hicache and not self.write_back and node.full_host is not None:
                 self.backup_swa_window(node)
         branch_done = swa_branching_tokens is not None and n * ps >= swa_branching_tokens

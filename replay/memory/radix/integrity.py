@@ -93,6 +93,8 @@ class IntegrityMixin:
             _fail(f"device leaf set drifted: {self.device_leaves ^ dev_leaves}")
         if host_leaves != self.host_leaves:
             _fail(f"host leaf set drifted: {self.host_leaves ^ host_leaves}")
+        self._check_heap(self.device_heap)
+        self._check_heap(self.host_heap)
         try:
             self.swa_lru.check_links()
             self.swa_host_lru.check_links()
@@ -110,6 +112,20 @@ class IntegrityMixin:
                 _fail(f"reserved {pool} page 0 is in the tree")
         self._check_mapping(census)
         return census
+
+    def _check_heap(self, heap) -> None:
+        """Every live leaf has a current heap entry ranked with its current fields."""
+        current = {}
+        for entry in heap.heap:
+            node = entry[-1]
+            if entry[3] == node.heap_ver[heap.slot]:
+                current[node] = entry
+        for node in heap.members:
+            entry = current.get(node)
+            if entry is None:
+                _fail(f"{node}: evictable leaf missing from the eviction heap")
+            if entry[0] != self.policy.priority(node) or entry[1] != node.last_access:
+                _fail(f"{node}: eviction heap ranks it with stale fields")
 
     def _check_node_shape(self, node) -> None:
         root = self.root

@@ -20,7 +20,7 @@ class Node:
     __slots__ = (
         "id", "parent", "children", "key", "full", "swa", "full_host", "swa_host",
         "full_lock", "swa_lock", "swa_uuid", "last_access", "creation_time", "hit_count",
-        "priority", "lru_prev", "lru_next",
+        "priority", "lru_prev", "lru_next", "heap_ver",
     )
 
     def __init__(self, node_id: int, key: list[int], parent: Node | None, now: float):
@@ -41,6 +41,7 @@ class Node:
         self.priority = 0
         self.lru_prev: list[Node | None] = [None, None]
         self.lru_next: list[Node | None] = [None, None]
+        self.heap_ver = [0, 0]  # entry versions in the device / host leaf heaps
 
     @property
     def num_pages(self) -> int:

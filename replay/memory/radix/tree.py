@@ -11,6 +11,7 @@ import math
 
 from replay.memory.policies import POLICIES
 from replay.memory.radix.evict import EvictMixin
+from replay.memory.radix.heap import LeafHeap
 from replay.memory.radix.hicache import HiCacheMixin
 from replay.memory.radix.insert import InsertMixin
 from replay.memory.radix.integrity import IntegrityMixin
@@ -84,6 +85,8 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
         self.host_full_tokens = self.host_swa_tokens = 0
         self.device_leaves: set[Node] = set()
         self.host_leaves: set[Node] = set()
+        self.device_heap = LeafHeap(self.policy, self.device_leaves, 0)
+        self.host_heap = LeafHeap(self.policy, self.host_leaves, 1)
         self.swa_lru = LRUList(DEVICE_LRU)
         self.swa_host_lru = LRUList(HOST_LRU)
         self._host_pinned: set[Node] = set()  # host copies being loaded back
@@ -196,13 +199,24 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
 
     def _update_leaf_sets(self, node: Node) -> None:
         if self._is_device_leaf(node):
-            self.device_leaves.add(node)
+            if node not in self.device_leaves:
+                self.device_leaves.add(node)
+                self.device_heap.push(node)
         else:
             self.device_leaves.discard(node)
         if self._is_host_leaf(node):
-            self.host_leaves.add(node)
+            if node not in self.host_leaves:
+                self.host_leaves.add(node)
+                self.host_heap.push(node)
         else:
             self.host_leaves.discard(node)
+
+    def _touch_leaf(self, node: Node) -> None:
+        """Re-rank ``node`` after a change to a field a policy may read."""
+        if node in self.device_leaves:
+            self.device_heap.push(node)
+        elif node in self.host_leaves:
+            self.host_heap.push(node)
 
     # ---- structure ---------------------------------------------------------------------
 
@@ -240,6 +254,7 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
         self.num_nodes += 1
         self._update_leaf_sets(new)
         self._update_leaf_sets(child)
+        self._touch_leaf(child)
         return new
 
     def _add_leaf(self, parent: Node, key: list[int], pages: list[int], priority: int) -> Node:
@@ -370,9 +385,12 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
 
     def _stamp_path(self, node: Node) -> None:
         t = self.tick()
+        dev, host = self.device_leaves, self.host_leaves
         while node is not None:
             node.last_access = t
             t -= 1e-5
+            if node in dev or node in host:
+                self._touch_leaf(node)
             node = node.parent
 
     # ---- match -------------------------------------------------------------------------
