@@ -82,7 +82,8 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(wl.requests), unit="req", desc="record", leave=False)
+        bar = tqdm(total=len(wl.requests), unit="req", desc="record", leave=False, disable=None,
+                   mininterval=0.5)
     try:
         env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
         tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),

@@ -46,6 +46,7 @@ from replay.backends.sglang_patches import apply_patches
 #: does not fit the full pool), ``unschedulable`` (nothing running, nothing arriving, and the
 #: admission code still refuses it).
 FINISH_REASONS = ("finished", "retract_oom", "too_long", "unschedulable")
+_UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class SglangBackend:
         self.chunked_req = None
         self._active: dict[str, _Active] = {}
         self._last_retracted = 0
+        self._idle_streak = 0
         self.result = RunResult(settings=self.settings.to_dict(), num_requests=len(self._pending))
         return self
 
@@ -390,9 +392,13 @@ class SglangBackend:
             nxt = self._pending[self._next_arrival].arrival_ns
             self.clock_ns = max(self.clock_ns, nxt)
         elif self.waiting and self.running.is_empty() and self.chunked_req is None:
-            # Nothing runs, nothing will arrive, and the head cannot be admitted: a request
-            # the pools can never hold. A server would reject it; abort it so the run ends.
-            self._abort(self.waiting.pop(0), "unschedulable", "admission refuses it with the pools idle")
+            # Nothing runs, nothing will arrive, and the head cannot be admitted (after a few
+            # steps, so pending HiCache acks can land): a request the pools can never hold. A
+            # server would reject it; abort it so the run ends.
+            self._idle_streak += 1
+            if self._idle_streak >= _UNSCHEDULABLE_AFTER_IDLE_STEPS:
+                self._idle_streak = 0
+                self._abort(self.waiting.pop(0), "unschedulable", "admission refuses it with the pools idle")
         self.last_batch = None
         return StepRecord(self.forward_ct, "idle", 0, 0, 0, self.clock_ns, num_retracted)
 
@@ -402,6 +408,7 @@ class SglangBackend:
         return plan[n] if n < len(plan) else EOS_TOKEN_ID
 
     def _run_batch(self, batch, num_retracted: int) -> StepRecord:
+        self._idle_streak = 0
         if batch.forward_mode.is_extend():
             num_tokens = batch.extend_num_tokens
             step_ns = self._charge(num_tokens)
