@@ -275,6 +275,26 @@ class DeviceAllocator:
             return
         self._release(page_ids)
 
+    def free_page_chunks(self, chunks: Sequence[Sequence[int]]) -> None:
+        """Free several page lists with one tensor and one concatenation.
+
+        The free list ends up exactly as after one ``free_page_ids`` call per chunk in order
+        (with ``prepend`` the later chunk lands in front).
+        Mutates: free list or the open group.
+        """
+        chunks = [c for c in chunks if len(c)]
+        if not chunks:
+            return
+        if self._group_pages is not None or self.device_free != "prepend":
+            flat = [p for c in chunks for p in c]
+        else:
+            flat = [p for c in reversed(chunks) for p in c]
+        ids = torch.tensor(flat, dtype=_I64)
+        if self._group_pages is not None:
+            self._group_pages.append(ids)
+        else:
+            self._release(ids)
+
     def free(self, token_indices: torch.Tensor) -> None:
         """Free token slots: the paged allocator releases ``unique(idx // ps)`` (sorted).
 

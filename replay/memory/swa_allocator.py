@@ -3,8 +3,10 @@
 ``SWAKVPools`` models SGLang's ``SWATokenToKVPoolAllocator`` (DESIGN.md §4.1): a full and an
 SWA sub-allocator paged in lockstep plus a full→SWA mapping (0 = no SWA peer). Because the two
 sides page in lockstep, the mapping is kept per *page* (``mapping[full_page] = swa_page``),
-which is the per-slot mapping of SGLang restricted to page representatives. An SWA free reads
-and clears the mapping and must precede the full free of the same pages.
+SGLang's per-slot mapping restricted to page representatives. It is a Python list of ints:
+every access touches O(pages) entries, where a torch op on a tiny index tensor would cost
+1-4 µs of dispatch. An SWA free reads and clears the mapping and must precede the full free of
+the same pages.
 
 ``PlainKVPools`` is the same interface over one full pool (models without SWA).
 """
@@ -17,14 +19,6 @@ import torch
 
 from replay.memory.allocator import DeviceAllocator, num_new_pages
 from replay.memory.results import IntegrityError, MemoryModelError
-
-_I64 = torch.int64
-
-
-def _tensor(pages: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    if isinstance(pages, torch.Tensor):
-        return pages
-    return torch.tensor(pages, dtype=_I64)
 
 
 class PlainKVPools:
@@ -61,16 +55,26 @@ class PlainKVPools:
         """See ``DeviceAllocator.alloc_decode_pages``."""
         return self.full.alloc_decode_pages(seq_lens)
 
-    def free_pages_both(self, full_pages: Sequence[int]) -> None:
-        """Free full pages. Mutates: the full free list."""
-        if len(full_pages):
-            self.full.free_page_ids(_tensor(full_pages))
+    def free_full_chunks(self, chunks: Sequence[Sequence[int]]) -> None:
+        """Free full page lists (in order) with one release. Mutates: the full free list."""
+        self.full.free_page_chunks(chunks)
 
-    free_full_only = free_pages_both
-
-    def free_swa_of(self, full_pages: Sequence[int]) -> int:
+    def free_swa_chunks(self, chunks: Sequence[Sequence[int]]) -> int:
         """No SWA pool: nothing to free."""
         return 0
+
+    def free_pages_both(self, full_pages: Sequence[int]) -> None:
+        """Free full pages (and their SWA peers when there is an SWA side)."""
+        self.free_swa_chunks([full_pages])
+        self.free_full_chunks([full_pages])
+
+    def free_full_only(self, full_pages: Sequence[int]) -> None:
+        """Free full pages whose SWA peers are already gone."""
+        self.free_full_chunks([full_pages])
+
+    def free_swa_of(self, full_pages: Sequence[int]) -> int:
+        """Free the SWA peers of full pages; returns SWA pages freed."""
+        return self.free_swa_chunks([full_pages])
 
     def translate(self, full_pages: Sequence[int]) -> list[int]:
         """No SWA pool: no peers."""
@@ -104,7 +108,7 @@ class SWAKVPools(PlainKVPools):
             raise ValueError("full and SWA pools must share a page size")
         super().__init__(full)
         self.swa = swa
-        self.mapping = torch.zeros(full.num_pages + 1, dtype=_I64)
+        self.mapping: list[int] = [0] * (full.num_pages + 1)
         self.num_unmapped_swa_frees = 0
 
     # ---- sizes -------------------------------------------------------------------------
@@ -122,6 +126,11 @@ class SWAKVPools(PlainKVPools):
 
     # ---- allocation --------------------------------------------------------------------
 
+    def _map(self, full_pages: Sequence[int], swa_pages: Sequence[int]) -> None:
+        mapping = self.mapping
+        for f, s in zip(full_pages, swa_pages):
+            mapping[f] = s
+
     def alloc_extend_pages(self, prefix_lens, seq_lens) -> list[list[int]] | None:
         """Lockstep extend: one ``num_new_pages`` on both sides, then ``mapping[full] = swa``.
 
@@ -137,9 +146,8 @@ class SWAKVPools(PlainKVPools):
         swa = self.swa.alloc_extend_pages(prefix_lens, seq_lens)
         if full is None or swa is None:  # cannot happen after the check above
             raise MemoryModelError("lockstep extend failed after the availability check")
-        flat_full = [p for ps_ in full for p in ps_]
-        if flat_full:
-            self.mapping[_tensor(flat_full)] = _tensor([p for ps_ in swa for p in ps_])
+        for f, s in zip(full, swa):
+            self._map(f, s)
         return full
 
     def alloc_decode_pages(self, seq_lens) -> list[int | None] | None:
@@ -154,9 +162,9 @@ class SWAKVPools(PlainKVPools):
             return None
         full = self.full.alloc_decode_pages(seq_lens)
         swa = self.swa.alloc_decode_pages(seq_lens)
-        pairs = [(f, s) for f, s in zip(full, swa) if f is not None]
-        if pairs:
-            self.mapping[_tensor([f for f, _ in pairs])] = _tensor([s for _, s in pairs])
+        for f, s in zip(full, swa):
+            if f is not None:
+                self.mapping[f] = s
         return full
 
     def alloc_swa_for(self, full_pages: Sequence[int]) -> list[int] | None:
@@ -164,26 +172,27 @@ class SWAKVPools(PlainKVPools):
 
         Returns:
             the new SWA pages, or None when the SWA pool is short.
+        Raises:
+            MemoryModelError: when a page already has a peer.
         Mutates: SWA free list, the mapping.
         """
         if not full_pages:
             return []
+        if any(self.mapping[f] for f in full_pages):
+            raise MemoryModelError("alloc_swa_for: a full page already has an SWA peer")
         pages = self.swa.alloc_pages(len(full_pages))
         if pages is None:
             return None
-        idx = _tensor(full_pages)
-        if bool((self.mapping[idx] != 0).any()):
-            raise MemoryModelError("alloc_swa_for: a full page already has an SWA peer")
-        self.mapping[idx] = pages
-        return pages.tolist()
+        swa = pages.tolist()
+        self._map(full_pages, swa)
+        return swa
 
     # ---- mapping -----------------------------------------------------------------------
 
     def translate(self, full_pages: Sequence[int]) -> list[int]:
         """SWA peers of full pages (0 = none)."""
-        if not full_pages:
-            return []
-        return self.mapping[_tensor(full_pages)].tolist()
+        mapping = self.mapping
+        return [mapping[f] for f in full_pages]
 
     def move_swa(self, from_full: Sequence[int], to_full: Sequence[int]) -> list[int]:
         """Re-point the SWA peers of ``from_full`` onto ``to_full`` (locked-full recovery).
@@ -192,57 +201,56 @@ class SWAKVPools(PlainKVPools):
             the moved SWA pages.
         Mutates: the mapping.
         """
-        src, dst = _tensor(from_full), _tensor(to_full)
-        swa = self.mapping[src]
-        if bool((self.mapping[dst] != 0).any()):
+        mapping = self.mapping
+        if any(mapping[t] for t in to_full):
             raise MemoryModelError("move_swa: destination pages already have SWA peers")
-        self.mapping.index_fill_(0, src, 0)
-        self.mapping[dst] = swa
-        return swa.tolist()
+        swa = [mapping[f] for f in from_full]
+        for f in from_full:
+            mapping[f] = 0
+        self._map(to_full, swa)
+        return swa
 
     # ---- free --------------------------------------------------------------------------
 
-    def free_swa_of(self, full_pages: Sequence[int]) -> int:
-        """Free the SWA peers of full pages: read and clear the mapping, free entries > 0.
+    def free_swa_chunks(self, chunks: Sequence[Sequence[int]]) -> int:
+        """Free the SWA peers of full page lists: read and clear the mapping, free entries > 0.
 
         SGLang would free page 0 for an unmapped entry (sgl-project/sglang#38519); the model
-        skips it and counts it in ``num_unmapped_swa_frees``.
+        skips it and counts it in ``num_unmapped_swa_frees``. One release for all chunks.
 
         Returns:
             SWA pages freed.
         Mutates: the mapping, the SWA free list (or its open group).
         """
-        if not len(full_pages):
-            return 0
-        idx = _tensor(full_pages)
-        peers = self.mapping[idx]
-        self.mapping.index_fill_(0, idx, 0)
-        live = peers[peers > 0]
-        self.num_unmapped_swa_frees += len(peers) - len(live)
-        self.swa.free_page_ids(live)
-        return len(live)
+        mapping, out, freed = self.mapping, [], 0
+        for chunk in chunks:
+            live = []
+            for f in chunk:
+                s = mapping[f]
+                if s:
+                    live.append(s)
+                    mapping[f] = 0
+                else:
+                    self.num_unmapped_swa_frees += 1
+            out.append(live)
+            freed += len(live)
+        self.swa.free_page_chunks(out)
+        return freed
 
-    def free_full_only(self, full_pages: Sequence[int]) -> None:
+    def free_full_chunks(self, chunks: Sequence[Sequence[int]]) -> None:
         """Free full pages whose SWA peers are already gone.
 
         Raises:
             MemoryModelError: when a page still has an SWA peer (it would be stranded).
         Mutates: the full free list.
         """
-        if not len(full_pages):
-            return
-        idx = _tensor(full_pages)
-        if bool((self.mapping[idx] != 0).any()):
-            raise MemoryModelError("free_full_only: page still has an SWA peer (free SWA first)")
-        self.full.free_page_ids(idx)
-
-    def free_pages_both(self, full_pages: Sequence[int]) -> None:
-        """SWA first (reads the mapping), then full. Mutates: mapping, both free lists."""
-        if not len(full_pages):
-            return
-        idx = _tensor(full_pages)
-        self.free_swa_of(idx)
-        self.full.free_page_ids(idx)
+        mapping = self.mapping
+        for chunk in chunks:
+            for f in chunk:
+                if mapping[f]:
+                    raise MemoryModelError("full free of a page that still has an SWA peer "
+                                           "(free SWA first)")
+        self.full.free_page_chunks(chunks)
 
     def free_group_begin(self) -> None:
         """Defer frees on both sides; SWA peers are resolved (mapping cleared) at enqueue."""
@@ -262,13 +270,16 @@ class SWAKVPools(PlainKVPools):
         """
         self.full.check_integrity()
         self.swa.check_integrity()
-        if int(self.mapping[0]) != 0:
+        mapping = torch.tensor(self.mapping, dtype=torch.int64)
+        if int(mapping[0]) != 0:
             raise IntegrityError("mapping of the reserved page 0 is set")
         free_full = self.full.all_free_page_ids()
-        if len(free_full) and bool((self.mapping[free_full] != 0).any()):
+        if len(free_full) and bool((mapping[free_full] != 0).any()):
             raise IntegrityError("a free full page still maps to an SWA page")
-        mapped = self.mapping[self.mapping > 0]
+        mapped = mapping[mapping > 0]
         if len(torch.unique(mapped)) != len(mapped):
             raise IntegrityError("an SWA page is the peer of two full pages")
+        if len(mapped) and (int(mapped.max()) > self.swa.num_pages):
+            raise IntegrityError("a mapping entry is outside the SWA pool")
         if len(mapped) and bool(torch.isin(mapped, self.swa.all_free_page_ids()).any()):
             raise IntegrityError("a mapped SWA page is also on the SWA free list")

@@ -149,6 +149,7 @@ def test_swa_branching_caps_the_first_checkpoint(make_model):
     model.match(a[:6])  # split the leaf: T(1) + L(2)
     t_node = model.tree.root.children[a[0]].children[a[5]]
     model.tree._tombstone(t_node, EvictResult())
+    model.tree._flush()
     hashes = a + seq(2, 2)
     m = model.match(hashes, max_tokens=19)
     assert (m.device_hit_tokens, m.full_kv_hit_tokens, m.swa_branching_tokens) == (10, 16, 16)

@@ -101,6 +101,7 @@ def _tombstone_gap_tree():
     t_node = tree.root.children[a[0]].children[a[5]]
     assert len(t_node.key) == 1
     tree._tombstone(t_node, EvictResult())
+    tree._flush()
     return tree, a
 
 
@@ -188,6 +189,7 @@ def test_insert_over_unlocked_tombstone_adopts_incoming_pages():
     old = alloc(pools, 2)
     leaf = tree.insert(a, old).last_node
     tree._tombstone(leaf, EvictResult())
+    tree._flush()
     new = alloc(pools, 2)
     full_avail = pools.full.available_pages()
     res = tree.insert(a, new)
@@ -203,6 +205,7 @@ def test_insert_over_locked_tombstone_keeps_full_and_takes_incoming_swa():
     old = alloc(pools, 2)
     leaf = tree.insert(a, old).last_node
     tree._tombstone(leaf, EvictResult())
+    tree._flush()
     lock = tree.lock(leaf)
     new = alloc(pools, 2)
     new_swa = pools.translate(new)

@@ -34,26 +34,24 @@ class EvictMixin:
         Mutates: tree, ledgers, pools.
         """
         res = EvictResult()
-        pools = self.pools
-        if full_tokens > 0:
-            target = pools.full_available_tokens() + full_tokens
-            if pools.full_available_tokens() < target:
-                self._evict_full(target, res)
-        if swa_tokens > 0 and self.swa_tree:
-            target = pools.swa_available_tokens() + swa_tokens
-            if pools.swa_available_tokens() < target:
-                self._evict_swa(swa_tokens, target, res)
-        elif swa_tokens > 0 and pools.has_swa:
-            # FULL-only tree over SWA pools (EIC): SWA comes back only with FULL leaves.
-            target = pools.swa_available_tokens() + swa_tokens
-            self._evict_full(target, res, swa_target=True)
+        try:
+            if full_tokens > 0:
+                self._evict_full(self.full_available_tokens() + full_tokens, res)
+            if swa_tokens > 0 and self.swa_tree:
+                target = self.swa_available_tokens() + swa_tokens
+                if self.swa_available_tokens() < target:
+                    self._evict_swa(swa_tokens, target, res)
+            elif swa_tokens > 0 and self.pools.has_swa:
+                # FULL-only tree over SWA pools (EIC): SWA comes back only with FULL leaves.
+                self._evict_full(self.swa_available_tokens() + swa_tokens, res, swa_target=True)
+        finally:
+            self._flush()
         return res
 
     # ---- FULL --------------------------------------------------------------------------
 
     def _evict_full(self, target: int, res: EvictResult, swa_target: bool = False) -> None:
-        pools = self.pools
-        avail = pools.swa_available_tokens if swa_target else pools.full_available_tokens
+        avail = self.swa_available_tokens if swa_target else self.full_available_tokens
         while avail() < target:
             node = self.device_heap.pop()
             if node is None:
@@ -74,7 +72,7 @@ class EvictMixin:
     def _demote(self, node, res: EvictResult) -> None:
         if node.swa is not None:
             res.swa_tokens += len(node.swa) * self.ps
-            self.pools.free_swa_of(node.full)
+            self._defer_swa(node.full)
             self._take_swa(node)
         pages = self._take_full(node)
         res.full_tokens += len(pages) * self.ps
@@ -88,7 +86,7 @@ class EvictMixin:
         ps = self.ps
         if node.swa is not None:
             res.swa_tokens += len(node.swa) * ps
-            self.pools.free_swa_of(node.full)
+            self._defer_swa(node.full)
             self._take_swa(node, to_host_lru=False)
         if node.full is not None:
             pages = self._take_full(node)
@@ -136,7 +134,7 @@ class EvictMixin:
     # ---- SWA ---------------------------------------------------------------------------
 
     def _evict_swa(self, request_tokens: int, target: int, res: EvictResult) -> None:
-        pools, lru = self.pools, self.swa_lru
+        lru = self.swa_lru
         start = res.swa_tokens
         cursor = lru.lru()
         while cursor is not None and res.swa_tokens - start < request_tokens:
@@ -151,12 +149,12 @@ class EvictMixin:
                 if self.hicache and self.write_back and x.swa_host is None and self.host_swa:
                     self.backup_swa_window(x)
                 self._tombstone(x, res)
-            if pools.swa_available_tokens() >= target:
+            if self.swa_available_tokens() >= target:
                 break
 
     def _tombstone(self, node, res: EvictResult) -> None:
         res.swa_tokens += len(node.swa) * self.ps
-        self.pools.free_swa_of(node.full)
+        self._defer_swa(node.full)
         self._take_swa(node)
         res.num_tombstoned_nodes += 1
 
@@ -170,6 +168,13 @@ class EvictMixin:
         Mutates: tree, host pools.
         """
         res = EvictResult()
+        try:
+            self._evict_host(full_tokens, swa_tokens, res)
+        finally:
+            self._flush()
+        return res
+
+    def _evict_host(self, full_tokens: int, swa_tokens: int, res: EvictResult) -> None:
         if full_tokens > 0 and self.host_full is not None:
             while res.host_full_tokens < full_tokens:
                 node = self.host_heap.pop()
@@ -188,7 +193,6 @@ class EvictMixin:
                 else:
                     res.host_swa_tokens += self.host_swa.free_pages(self._take_swa_host(x))
                 x = nxt if (nxt is None or nxt in lru) else lru.lru()
-        return res
 
     def _evict_host_leaf(self, node, res: EvictResult) -> None:
         parent = node.parent

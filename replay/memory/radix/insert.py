@@ -46,6 +46,14 @@ class InsertMixin:
         """
         if len(key) != len(pages):
             raise ValueError("insert: key and pages differ in length")
+        try:
+            return self._insert(key, pages, prev_prefix_tokens, swa_evicted_tokens,
+                                inserted_tokens, priority, swa_branching_tokens)
+        finally:
+            self._flush()
+
+    def _insert(self, key, pages, prev_prefix_tokens, swa_evicted_tokens, inserted_tokens,
+                priority, swa_branching_tokens) -> InsertResult:
         ps = self.ps
         if swa_evicted_tokens % ps:
             raise ValueError("insert: swa_evicted_tokens must be page-aligned")
@@ -142,20 +150,19 @@ class InsertMixin:
             return 0
         dup = seg[dup_start:consumed]
         swa_gone = min(max(ws_pages - (pos + dup_start), 0), len(dup))
-        if swa_gone:
-            self.pools.free_full_only(dup[:swa_gone])
-        if swa_gone < len(dup):
-            self.pools.free_pages_both(dup[swa_gone:])
+        self._defer_full(dup[:swa_gone])
+        self._defer_swa(dup[swa_gone:])
+        self._defer_full(dup[swa_gone:])
         return len(dup)
 
     def _recover_swa(self, node, incoming: list[int]) -> None:
         """Revive an SWA tombstone from the request's in-window pages."""
         if node.full_lock > 0:
             swa = self.pools.move_swa(incoming, node.full)
-            self.pools.free_full_only(incoming)
+            self._defer_full(incoming)
         else:
             old = node.full
             node.full = incoming
-            self.pools.free_full_only(old)
+            self._defer_full(old)
             swa = self.pools.translate(incoming)
         self._set_swa(node, swa)

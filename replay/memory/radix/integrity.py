@@ -45,6 +45,8 @@ class IntegrityMixin:
             IntegrityError: on the first inconsistency.
         """
         ps, census = self.ps, TreeCensus()
+        if self._swa_chunks or self._full_chunks:
+            _fail("device frees still queued between operations")
         full_ev = full_prot = swa_ev = swa_prot = host_full = host_swa = 0
         dev_leaves, host_leaves, in_lru, in_host_lru = set(), set(), set(), set()
         nodes = 0

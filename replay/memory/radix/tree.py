@@ -90,6 +90,9 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
         self.swa_lru = LRUList(DEVICE_LRU)
         self.swa_host_lru = LRUList(HOST_LRU)
         self._host_pinned: set[Node] = set()  # host copies being loaded back
+        self._swa_chunks: list[list[int]] = []  # deferred device frees, flushed per op
+        self._full_chunks: list[list[int]] = []
+        self._pending_swa_pages = self._pending_full_pages = 0
 
     # ---- clock and nodes ---------------------------------------------------------------
 
@@ -170,12 +173,50 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
             self.swa_host_lru.remove(node)
         return pages
 
+    # ---- deferred device frees ----------------------------------------------------------
+    # A public op collects its device frees and releases them once at its end, per side in
+    # the order SGLang would (the free lists end up identical); loops that wait for room
+    # count the pending pages as available.
+
+    def _defer_swa(self, full_pages: list[int]) -> None:
+        """Queue freeing the SWA peers of ``full_pages`` (mapping read at flush)."""
+        if not full_pages or not self.pools.has_swa:
+            return
+        self._swa_chunks.append(full_pages)
+        if self.swa_tree:
+            self._pending_swa_pages += len(full_pages)
+        else:
+            self._pending_swa_pages += sum(1 for s in self.pools.translate(full_pages) if s)
+
+    def _defer_full(self, pages: list[int]) -> None:
+        """Queue freeing full pages (their SWA must be queued before or gone)."""
+        if pages:
+            self._full_chunks.append(pages)
+            self._pending_full_pages += len(pages)
+
+    def _flush(self) -> None:
+        """Release queued device frees: SWA side first, then full (one call each)."""
+        if self._swa_chunks:
+            chunks, self._swa_chunks = self._swa_chunks, []
+            self.pools.free_swa_chunks(chunks)
+        if self._full_chunks:
+            chunks, self._full_chunks = self._full_chunks, []
+            self.pools.free_full_chunks(chunks)
+        self._pending_swa_pages = self._pending_full_pages = 0
+
+    def full_available_tokens(self) -> int:
+        """Free full slots including this op's queued frees."""
+        return self.pools.full_available_tokens() + self._pending_full_pages * self.ps
+
+    def swa_available_tokens(self) -> int:
+        """Free SWA slots including this op's queued frees."""
+        return self.pools.swa_available_tokens() + self._pending_swa_pages * self.ps
+
     def _free_full_device(self, pages: list[int]) -> None:
         """Free full pages whose tree-tracked SWA is already gone (EIC: peers go along)."""
-        if self.swa_tree:
-            self.pools.free_full_only(pages)
-        else:
-            self.pools.free_pages_both(pages)
+        if not self.swa_tree:
+            self._defer_swa(pages)
+        self._defer_full(pages)
 
     # ---- leaf sets ---------------------------------------------------------------------
 
