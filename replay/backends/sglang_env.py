@@ -31,7 +31,6 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
-import os
 import sys
 import threading
 import types

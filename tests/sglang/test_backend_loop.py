@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("SGLANG_DEBUG_MEMORY_POOL", "1")
 
 from replay.backends.sglang import SglangBackend, SglangSettings, parse_overrides  # noqa: E402
-from tests.sglang.backend_util import BLOCK, blocks, multi_turn_rows, req, workload  # noqa: E402
+from tests.sglang.backend_util import blocks, multi_turn_rows, req, workload  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
