@@ -70,6 +70,16 @@ def test_cli_record_every_family_and_no_drops(tmp_path):
     assert info["producer"]["source"] == "sglang-backend"
     assert info["server"]["sliding_window_tokens"] == 32
     _check_ledger_and_identity(tmp_path / "t")
+    # arrival rows keep the workload's sessions (numbered by the hooks)
+    arr = _frame(open_trace(tmp_path / "t"), "request")
+    arr = arr.filter(arr["event"] == "arrival")
+    by_session = {}
+    for rid_str, session in zip(arr["rid_str"], arr["session_id"]):
+        by_session.setdefault(session, set()).add(int(rid_str))
+    want = {}
+    for row in multi_turn_rows():
+        want.setdefault(row["session_id"], set()).add(row["rid"])
+    assert sorted(map(sorted, by_session.values())) == sorted(map(sorted, want.values()))
 
 
 def test_cli_rejects_bad_set_key(tmp_path):
@@ -83,8 +93,9 @@ def test_cli_rejects_bad_set_key(tmp_path):
 def test_alloc_free_counts_per_pool(tmp_path):
     """One 100-token request, 5 outputs, page 16, no chunking: exact per-pool ledger."""
     rows = [req(0, 0, blocks("one", 7), input_len=100, out=5, max_new=5)]
-    _, tr = _record(tmp_path, rows, ("page_size=16", "sliding_window_tokens=32", "full_pool_tokens=4096",
-                                     "swa_pool_tokens=1024", "chunked_prefill_size=1024"))
+    summary, tr = _record(tmp_path, rows, ("page_size=16", "sliding_window_tokens=32",
+                                           "full_pool_tokens=4096", "swa_pool_tokens=1024",
+                                           "chunked_prefill_size=1024"))
     pool = _frame(tr, "pool")
     net = {}
     for name in ("full", "swa", "req_to_token"):
@@ -101,11 +112,11 @@ def test_alloc_free_counts_per_pool(tmp_path):
     # freed (at insert and at finish); what stays is the last ceil(max(W, ps)) window
     swa_alloc, swa_free = net["swa"]
     assert swa_alloc == 112 and 0 < swa_free < swa_alloc
-    st = _frame(tr, "stats")
-    last = {p: st.filter(st["pool"] == p).tail(1).row(0, named=True) for p in ("full", "swa")}
-    assert last["full"]["capacity"] - last["full"]["available"] == 96 == last["full"]["evictable"]
-    assert last["swa"]["capacity"] - last["swa"]["available"] == swa_alloc - swa_free
-    assert last["full"]["held"] == last["swa"]["held"] == 0
+    # the trace's ledger ends where the real pools ended
+    final = summary["result"]["final_occupancy"]
+    assert final["full"]["capacity"] - final["full"]["available"] == 96 == final["full"]["evictable"]
+    assert final["swa"]["capacity"] - final["swa"]["available"] == swa_alloc - swa_free
+    assert final["full"]["held"] == final["swa"]["held"] == 0
     _check_ledger_and_identity(tmp_path / "t")
 
 

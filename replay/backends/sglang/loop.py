@@ -258,8 +258,11 @@ class SglangBackend(SchedulerMirror):
 
         sp = SamplingParams(max_new_tokens=wreq.max_new_tokens, temperature=0.0)
         sp.normalize(None)
+        # session_id is metadata unless --enable-session-radix-cache (off here); it lets the
+        # hooks' arrival rows keep the workload's sessions.
+        session = str(wreq.session_id) if wreq.session_id >= 0 else None
         req = Req(str(wreq.rid), "", self._synth.prompt_ids(wreq), sp,
-                  eos_token_ids={EOS_TOKEN_ID}, vocab_size=None)
+                  eos_token_ids={EOS_TOKEN_ID}, vocab_size=None, session_id=session)
         self._active[req.rid] = _Active(wreq, self._synth.output_ids(wreq))
         return req
 
