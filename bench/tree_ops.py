@@ -1,8 +1,10 @@
 """Tree match / insert / evict of a 1k-token request (page_size 64 by default).
 
-A tree is warmed with ``--num-cached`` requests of ``--request-tokens`` tokens that share
-prefixes (a few conversation roots, multi-turn style). Each measured iteration then takes a new
-request of the same size that shares a prefix with a cached one and times, separately:
+The device pools hold ``--num-cached`` requests of ``--request-tokens`` tokens; the tree is
+warmed with requests that share prefixes (a few conversation roots) until the pools are full,
+evicting LRU leaves as needed (steady state under memory pressure, so the free lists stay
+short). Each measured iteration takes a new request of the same size that shares a prefix with
+cached ones and times, separately:
 
 * ``match``  — ``RadixTree.match`` of its page hashes;
 * ``insert`` — ``RadixTree.insert`` of its pages (frees the duplicated prefix pages);
@@ -36,9 +38,9 @@ from replay.memory.swa_allocator import PlainKVPools, SWAKVPools  # noqa: E402
 def build(args, window: int):
     ps = args.page_size
     pages = args.request_tokens // ps
-    full = DeviceAllocator((args.num_cached + 64) * pages * ps, ps, "prepend", "full")
+    full = DeviceAllocator(args.num_cached * pages * ps, ps, args.device_free, "full")
     if window:
-        swa = DeviceAllocator((args.num_cached + 64) * pages * ps, ps, "prepend", "swa")
+        swa = DeviceAllocator(args.num_cached * pages * ps, ps, args.device_free, "swa")
         pools = SWAKVPools(full, swa)
     else:
         pools = PlainKVPools(full)
@@ -60,23 +62,28 @@ def run(args, window: int) -> dict[str, list[float]]:
     pages = args.request_tokens // ps
     roots = [[(r << 40) + i for i in range(pages)] for r in range(1, 9)]
     uid = 1
-    for _ in range(args.num_cached):
+
+    def alloc_row():
+        row = pools.alloc_extend_pages([0], [pages * ps])
+        while row is None:
+            tree.evict(full_tokens=pages * ps)
+            row = pools.alloc_extend_pages([0], [pages * ps])
+        return row[0]
+
+    for _ in range(2 * args.num_cached):
         key = make_key(rng, roots, pages, uid)
         uid += 1
-        tree.insert(key, pools.alloc_extend_pages([0], [pages * ps])[0])
+        tree.insert(key, alloc_row())
     times = {"match": [], "insert": [], "evict": []}
     clock = time.perf_counter_ns
     for _ in range(args.iters + args.warmup):
         key = make_key(rng, roots, pages, uid)
         uid += 1
-        row = pools.alloc_extend_pages([0], [pages * ps])
-        if row is None:
-            tree.evict(full_tokens=pages * ps)
-            row = pools.alloc_extend_pages([0], [pages * ps])
+        row = alloc_row()
         t0 = clock()
         tree.match(key)
         t1 = clock()
-        tree.insert(key, row[0])
+        tree.insert(key, row)
         t2 = clock()
         tree.evict(full_tokens=pages * ps)
         t3 = clock()
@@ -107,6 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device-free", default="prepend",
+                    choices=["prepend", "append", "sorted_merge"])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -114,6 +123,7 @@ def main(argv=None) -> int:
         "page_size": args.page_size,
         "request_tokens": args.request_tokens,
         "num_cached": args.num_cached,
+        "device_free": args.device_free,
         "full_only": summarize(run(args, 0)),
         "full_swa": summarize(run(args, args.window)),
     }
@@ -121,7 +131,7 @@ def main(argv=None) -> int:
         print(json.dumps(result))
         return 0
     print(f"tree ops, {args.request_tokens}-token request, page_size {args.page_size}, "
-          f"{args.num_cached} cached requests (µs)")
+          f"pools of {args.num_cached} requests, device_free={args.device_free} (µs)")
     print(f"{'tree':<12}{'op':<8}{'median':>10}{'p90':>10}")
     for tree in ("full_only", "full_swa"):
         for op, s in result[tree].items():

@@ -13,6 +13,7 @@ Semantics follow SGLang 0.5.23's ``TokenToKVPoolAllocator`` / ``PagedTokenToKVPo
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import torch
@@ -20,6 +21,13 @@ import torch
 from replay.memory.results import IntegrityError, MemoryModelError
 
 _I64 = torch.int64
+
+
+def ids_tensor(ids: Sequence[int]) -> torch.Tensor:
+    """int64 tensor from Python ints (via ``array``: ~2.5x cheaper than ``torch.tensor``)."""
+    if not ids:
+        return torch.empty((0,), dtype=_I64)
+    return torch.frombuffer(array("q", ids), dtype=_I64)
 
 
 def pages_to_tokens(pages: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -86,7 +94,7 @@ class DeviceAllocator:
 
     def available_pages(self) -> int:
         """Free pages, staged ones included (they count as available)."""
-        return len(self.free_pages) + self.num_staged_pages
+        return self.free_pages.shape[0] + self.num_staged_pages
 
     def available_tokens(self) -> int:
         """Free slots, staged ones included."""
@@ -130,7 +138,12 @@ class DeviceAllocator:
     # ---- allocation --------------------------------------------------------------------
 
     def _take(self, n: int) -> torch.Tensor:
-        out = self.free_pages[:n].clone()
+        out = self.free_pages[:n].clone()  # a view would pin the whole old free list
+        self.free_pages = self.free_pages[n:]
+        return out
+
+    def _take_list(self, n: int) -> list[int]:
+        out = self.free_pages[:n].tolist()
         self.free_pages = self.free_pages[n:]
         return out
 
@@ -143,9 +156,9 @@ class DeviceAllocator:
             cloned int64 page ids, or None when the pool is short (nothing taken).
         Mutates: free list (and merges staged pages when short).
         """
-        if num_pages > len(self.free_pages):
+        if num_pages > self.free_pages.shape[0]:
             self.merge_and_sort_free()
-        if num_pages > len(self.free_pages):
+        if num_pages > self.free_pages.shape[0]:
             return None
         return self._take(num_pages)
 
@@ -182,12 +195,12 @@ class DeviceAllocator:
         ps = self.page_size
         counts = [num_new_pages(p, s, ps) for p, s in zip(prefix_lens, seq_lens)]
         extend_tokens = sum(s - p for p, s in zip(prefix_lens, seq_lens))
-        if extend_tokens // ps + len(counts) + 1 > len(self.free_pages):
+        if extend_tokens // ps + len(counts) + 1 > self.free_pages.shape[0]:
             self.merge_and_sort_free()
         total = sum(counts)
-        if total > len(self.free_pages):
+        if total > self.free_pages.shape[0]:
             return None
-        flat = self._take(total).tolist()
+        flat = self._take_list(total)
         out, pos = [], 0
         for c in counts:
             out.append(flat[pos : pos + c])
@@ -232,13 +245,13 @@ class DeviceAllocator:
         Mutates: free list.
         """
         ps = self.page_size
-        if len(seq_lens) > len(self.free_pages):
+        if len(seq_lens) > self.free_pages.shape[0]:
             self.merge_and_sort_free()
         need = [(s - 1) % ps == 0 for s in seq_lens]
         total = sum(need)
-        if total > len(self.free_pages):
+        if total > self.free_pages.shape[0]:
             return None
-        flat = iter(self._take(total).tolist())
+        flat = iter(self._take_list(total))
         return [next(flat) if n else None for n in need]
 
     def alloc_decode(self, seq_lens: Sequence[int], last_locs: Sequence[int]) -> torch.Tensor | None:
@@ -262,12 +275,12 @@ class DeviceAllocator:
             self.free_pages = torch.cat((page_ids, self.free_pages))
         else:
             self.free_pages = torch.cat((self.free_pages, page_ids))
-        self.num_cat_elems += len(self.free_pages)
+        self.num_cat_elems += self.free_pages.shape[0]
 
     def free_page_ids(self, page_ids: torch.Tensor | Sequence[int]) -> None:
         """Free exactly these pages (no dedup), in order. Mutates: free list or the open group."""
         if not isinstance(page_ids, torch.Tensor):
-            page_ids = torch.tensor(page_ids, dtype=_I64)
+            page_ids = ids_tensor(list(page_ids))
         if page_ids.numel() == 0:
             return
         if self._group_pages is not None:
@@ -285,11 +298,13 @@ class DeviceAllocator:
         chunks = [c for c in chunks if len(c)]
         if not chunks:
             return
-        if self._group_pages is not None or self.device_free != "prepend":
+        if len(chunks) == 1:
+            flat = chunks[0]
+        elif self._group_pages is not None or self.device_free != "prepend":
             flat = [p for c in chunks for p in c]
         else:
             flat = [p for c in reversed(chunks) for p in c]
-        ids = torch.tensor(flat, dtype=_I64)
+        ids = ids_tensor(flat)
         if self._group_pages is not None:
             self._group_pages.append(ids)
         else:

@@ -52,11 +52,12 @@ class EvictMixin:
 
     def _evict_full(self, target: int, res: EvictResult, swa_target: bool = False) -> None:
         avail = self.swa_available_tokens if swa_target else self.full_available_tokens
+        pop, evict_leaf = self.device_heap.pop, self.evict_device_leaf
         while avail() < target:
-            node = self.device_heap.pop()
+            node = pop()
             if node is None:
                 break
-            self.evict_device_leaf(node, res)  # a parent that becomes a leaf is pushed
+            evict_leaf(node, res)  # a parent that becomes a leaf is pushed
 
     def evict_device_leaf(self, node, res: EvictResult) -> None:
         """Evict one device leaf: demote if backed up, else back up (write_back) or delete."""
@@ -103,13 +104,14 @@ class EvictMixin:
 
     def _delete_subtree(self, node, res: EvictResult) -> None:
         """Delete ``node`` and its (host-only) descendants, then dead ancestors."""
-        stack, order = list(node.children.values()), []
-        while stack:
-            cur = stack.pop()
-            order.append(cur)
-            stack.extend(cur.children.values())
-        for cur in reversed(order):
-            self._release_node(cur, res)
+        if node.children:
+            stack, order = list(node.children.values()), []
+            while stack:
+                cur = stack.pop()
+                order.append(cur)
+                stack.extend(cur.children.values())
+            for cur in reversed(order):
+                self._release_node(cur, res)
         self._release_node(node, res)
         parent = node.parent
         del parent.children[node.key[0]]

@@ -35,7 +35,7 @@ class LeafHeap:
             self.heap,
             (self.policy.priority(node), node.last_access, node.id, ver[self.slot], node),
         )
-        if len(self.heap) > 4 * len(self.members) + 64:
+        if len(self.heap) > 2 * len(self.members) + 64:
             self.rebuild()
 
     def rebuild(self) -> None:

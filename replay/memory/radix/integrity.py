@@ -79,6 +79,8 @@ class IntegrityMixin:
                 dev_leaves.add(node)
             if self._is_host_leaf(node):
                 host_leaves.add(node)
+        if self.root.dev_children != sum(1 for c in self.root.children.values() if c.full is not None):
+            _fail("root device-children count drifted")
         if nodes != self.num_nodes:
             _fail(f"node count {self.num_nodes} != walked {nodes}")
         for name, got, want in (
@@ -139,6 +141,8 @@ class IntegrityMixin:
             value = getattr(node, attr)
             if value is not None and len(value) != k:
                 _fail(f"{node}: {attr} has {len(value)} pages for a {k}-page key")
+        if node.dev_children != sum(1 for c in node.children.values() if c.full is not None):
+            _fail(f"{node}: device-children count drifted")
         if node.full_lock < 0 or node.swa_lock < 0:
             _fail(f"{node}: negative lock count")
         if sum(c.full_lock for c in node.children.values()) > node.full_lock:

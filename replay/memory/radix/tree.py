@@ -113,6 +113,7 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
 
     def _set_full(self, node: Node, pages: list[int]) -> None:
         node.full = pages
+        node.parent.dev_children += 1
         n = len(pages) * self.ps
         if node.full_lock > 0:
             self.full_protected += n
@@ -121,6 +122,7 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
 
     def _take_full(self, node: Node) -> list[int]:
         pages, node.full = node.full, None
+        node.parent.dev_children -= 1
         n = len(pages) * self.ps
         if node.full_lock > 0:
             self.full_protected -= n
@@ -206,7 +208,7 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
 
     def full_available_tokens(self) -> int:
         """Free full slots including this op's queued frees."""
-        return self.pools.full_available_tokens() + self._pending_full_pages * self.ps
+        return (self.pools.full.available_pages() + self._pending_full_pages) * self.ps
 
     def swa_available_tokens(self) -> int:
         """Free SWA slots including this op's queued frees."""
@@ -221,12 +223,10 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
     # ---- leaf sets ---------------------------------------------------------------------
 
     def _is_device_leaf(self, node: Node) -> bool:
-        if node is self.root or node.full is None or node.full_lock or node.swa_lock:
-            return False
-        for child in node.children.values():
-            if child.full is not None:
-                return False
-        return True
+        return not (
+            node.full is None or node.full_lock or node.swa_lock or node.dev_children
+            or node is self.root
+        )
 
     def _is_host_leaf(self, node: Node) -> bool:
         return (
@@ -275,6 +275,7 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
         new.full_lock = child.full_lock
         new.swa_lock = child.swa_lock
         new.swa_uuid, child.swa_uuid = child.swa_uuid, None
+        new.dev_children = 1 if child.full is not None else 0
         for attr in ("full", "swa", "full_host", "swa_host"):
             value = getattr(child, attr)
             if value is not None:
