@@ -76,3 +76,19 @@ def test_stub_shapes():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_no_stub_for_an_installed_package(tmp_path):
+    """A package that is really installed is never shadowed by a stub."""
+    pkg = tmp_path / "torchvision"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("__version__ = 'real'\n")
+    code = ("from replay.backends.sglang_env import install_import_stubs as i\n"
+            "r = i(); assert r == ('triton',), r\n"
+            "import torchvision; assert torchvision.__version__ == 'real'\n"
+            "assert not hasattr(torchvision, '__kvtrace_stub__')\n"
+            "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.getcwd()]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
