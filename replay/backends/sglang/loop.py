@@ -273,6 +273,8 @@ class SglangBackend(SchedulerMirror):
         return step_ns
 
     def _idle_step(self, num_retracted: int) -> StepRecord:
+        if not self.waiting and self.running.is_empty() and self.chunked_req is None:
+            self.rt.ratio.reset()  # Scheduler.on_idle, fully idle
         if self._next_arrival < len(self._pending):
             nxt = self._pending[self._next_arrival].arrival_ns
             self.clock_ns = max(self.clock_ns, nxt)
