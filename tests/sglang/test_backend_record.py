@@ -181,3 +181,18 @@ def test_detail_pages_carries_page_ids(tmp_path):
     allocs = pool.filter((pool["op"] == "alloc") & (pool["pool"] == "full"))
     assert len(allocs) > 0 and allocs["page_ids"].null_count() == 0
     assert all(len(ids) == n for ids, n in zip(allocs["page_ids"].to_list(), allocs["num_pages"].to_list()))
+
+
+def test_overhead_bench_runs(tmp_path):
+    """bench/sglang_overhead.py on a tiny workload: both runs agree, the JSON has its keys."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "sglang_overhead.py"
+    spec = importlib.util.spec_from_file_location("sglang_overhead", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    w = write_workload(tmp_path / "w", multi_turn_rows(2, 2), hash_block_tokens=BLOCK)
+    r = bench.measure(w, overrides=SMALL, repeat=1)
+    assert {"wall_s_off", "wall_s_on", "slowdown_pct", "events_per_s"} <= set(r)
+    assert r["events"] > 0 and r["num_requests"] == 4
