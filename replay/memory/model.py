@@ -102,6 +102,7 @@ class KVCacheModel:
         match: MatchResult | None = None,
         priority: int = 0,
         max_match_tokens: int | None = None,
+        prompt_tokens: int | None = None,
     ) -> MatchResult:
         """Start a request on its matched prefix and lock it.
 
@@ -112,13 +113,16 @@ class KVCacheModel:
             match: a match from ``match`` just before; re-matched if stale or None.
             priority: request priority.
             max_match_tokens: cap for the re-match.
+            prompt_tokens: prompt length (FULL-only radix trees split the cached leaf there
+                and give the prompt part priority + 1, as SGLang does).
         Returns:
             the MatchResult used.
         Mutates: request table, tree locks.
         """
         if match is None or not self.cache.is_fresh(match):
             match = self.cache.match(self._key(page_hashes, max_match_tokens))
-        req = ReqState(rid=rid, page_hashes=list(page_hashes), priority=priority)
+        req = ReqState(rid=rid, page_hashes=list(page_hashes), priority=priority,
+                       prompt_tokens=prompt_tokens)
         self.requests.add(req)
         self.cache.admit(req, match)
         return match

@@ -159,6 +159,7 @@ class RadixCache:
         path = tree.path_pages(result.last_node)
         lo = req.protected_tokens // ps
         req.pages[lo:num_pages] = path[lo:num_pages]
+        self._split_at_prompt(req, num_pages)
         old = req.lock
         req.lock = tree.lock(result.last_node)
         if old is not None:
@@ -169,6 +170,21 @@ class RadixCache:
             if not finished and self.cfg.swa_free_at_unfinished_insert:
                 self.free_swa_out_of_window(req, req.seq_tokens - 1)
         return req.protected_tokens
+
+    def _split_at_prompt(self, req: ReqState, num_pages: int) -> None:
+        """FULL-only trees split the leaf at the prompt boundary and raise the prompt's
+        priority by one, so eviction can drop the output KV without the prompt."""
+        if self.tree.swa_tree or req.prompt_tokens is None or self.cfg.cache_kind != "radix":
+            return
+        prompt_pages = req.prompt_tokens // self.ps
+        if 0 < prompt_pages < num_pages:
+            self.tree.insert(
+                req.page_hashes[:prompt_pages],
+                req.pages[:prompt_pages],
+                prev_prefix_tokens=prompt_pages * self.ps,
+                inserted_tokens=prompt_pages * self.ps,
+                priority=req.priority + 1,
+            )
 
     def release(self, req: ReqState, checkpoint: bool, up_to_tokens: int) -> None:
         """Finish (checkpoint then free) or retract (free only) a request; then unlock."""

@@ -30,6 +30,7 @@ class ReqState:
         swa_branching_tokens: pending SWA branching point from the match, if any.
         lock: tree lock receipt (None for the chunk cache).
         match: the MatchResult the request was admitted with.
+        prompt_tokens: prompt length, if known (FULL-only trees split the leaf there).
     """
 
     rid: Any
@@ -43,6 +44,7 @@ class ReqState:
     swa_branching_tokens: int | None = None
     lock: Any = None
     match: Any = None
+    prompt_tokens: int | None = None
 
     def private_pages(self, page_size: int) -> list[int]:
         """Pages not owned by the tree."""

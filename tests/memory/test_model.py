@@ -181,3 +181,19 @@ def test_stale_match_is_redone_at_admit(make_model):
     model.evict(full_tokens=32)  # the matched nodes are gone
     used = model.admit("r", a, m)
     assert used.device_hit_tokens == 0 and model.request("r").pages == []
+
+
+def test_full_only_tree_splits_the_leaf_at_the_prompt(make_model):
+    model = make_model(page_size=2, full_pool_tokens=64, eviction="priority")
+    a = seq(1, 8)
+    model.admit("r", a, model.match(a, max_tokens=7), prompt_tokens=8)
+    assert model.alloc_extend("r", 8)
+    for _ in range(8):
+        assert model.alloc_decode(["r"])
+    model.release("r")
+    prompt = model.tree.root.children[a[0]]
+    output = prompt.children[a[4]]
+    assert (len(prompt.key), prompt.priority, len(output.key), output.priority) == (4, 1, 4, 0)
+    # the output part goes first; the prompt stays matchable
+    model.evict(full_tokens=8)
+    assert model.match(a).device_hit_tokens == 8

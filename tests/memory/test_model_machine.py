@@ -116,7 +116,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.next_rid += 1
         match = m.match(hashes, max_tokens=tokens - 1)
         assert match.device_hit_tokens <= tokens - 1
-        m.admit(rid, hashes, match, priority=priority)
+        m.admit(rid, hashes, match, priority=priority, prompt_tokens=tokens)
         if load:
             m.load_back(rid)
         req = m.request(rid)

@@ -1,4 +1,6 @@
-"""Radix tree core: state, ledgers, split, leaf sets, locks and prefix match (DESIGN.md §4.3).
+"""Radix tree core: state, ledgers, deferred frees, split and leaf sets (DESIGN.md §4.3).
+
+Match, insert, locks, eviction, HiCache and integrity live in mixins (one module each).
 
 Keys are page hashes (one int per page); values are page ids. The tree never touches torch
 except through its pools (frees, SWA translation). All times come from ``self.clock``, a
@@ -7,30 +9,19 @@ logical float counter advanced by the tree.
 
 from __future__ import annotations
 
-import math
-
 from replay.memory.policies import POLICIES
 from replay.memory.radix.evict import EvictMixin
 from replay.memory.radix.heap import LeafHeap
 from replay.memory.radix.hicache import HiCacheMixin
 from replay.memory.radix.insert import InsertMixin
 from replay.memory.radix.integrity import IntegrityMixin
+from replay.memory.radix.locks import LockMixin, TreeLock
+from replay.memory.radix.match import MatchMixin
 from replay.memory.radix.node import DEVICE_LRU, HOST_LRU, LRUList, Node
-from replay.memory.results import MatchResult, MemoryModelError
+from replay.memory.results import MemoryModelError
 
 
-class TreeLock:
-    """Receipt of ``lock``: the anchor node and the SWA segment's boundary uuid."""
-
-    __slots__ = ("node", "swa_uuid", "released")
-
-    def __init__(self, node: Node, swa_uuid: int | None):
-        self.node = node
-        self.swa_uuid = swa_uuid
-        self.released = False
-
-
-class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
+class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, IntegrityMixin):
     """FULL (+ optional SWA) radix tree over page-hash keys.
 
     Args:
@@ -326,219 +317,5 @@ class RadixTree(InsertMixin, EvictMixin, HiCacheMixin, IntegrityMixin):
         """Tokens in ``node``'s key."""
         return len(node.key) * self.ps
 
-    # ---- locks -------------------------------------------------------------------------
 
-    def lock(self, node: Node) -> TreeLock:
-        """Lock FULL from ``node`` to the root and SWA up to one window above ``node``.
-
-        Returns:
-            the receipt to pass to ``unlock``.
-        Mutates: lock counts, evictable→protected ledgers, leaf sets.
-        """
-        root, ps = self.root, self.ps
-        cur = node
-        while cur is not root and cur.full is None:  # device-evicted bottom segment
-            cur.full_lock += 1
-            self._update_leaf_sets(cur)
-            cur = cur.parent
-        while cur is not root:
-            if cur.full_lock == 0:
-                n = len(cur.key) * ps
-                self.full_evictable -= n
-                self.full_protected += n
-            cur.full_lock += 1
-            self.device_leaves.discard(cur)
-            cur = cur.parent
-        uuid = None
-        if self.swa_tree:
-            covered, cur, window = 0, node, self.window_tokens
-            while cur is not root and covered < window:
-                if cur.swa_lock == 0 and cur.swa is not None:
-                    n = len(cur.key) * ps
-                    self.swa_evictable -= n
-                    self.swa_protected += n
-                cur.swa_lock += 1
-                covered += len(cur.key) * ps
-                if covered >= window:
-                    if cur.swa_uuid is None:
-                        self._next_uuid += 1
-                        cur.swa_uuid = self._next_uuid
-                    uuid = cur.swa_uuid
-                cur = cur.parent
-        return TreeLock(node, uuid)
-
-    def unlock(self, receipt: TreeLock) -> None:
-        """Release a ``lock`` receipt (once).
-
-        Raises:
-            MemoryModelError: on a second release or a lock count going negative.
-        Mutates: lock counts, protected→evictable ledgers, leaf sets.
-        """
-        if receipt.released:
-            raise MemoryModelError("tree lock released twice")
-        receipt.released = True
-        root, ps = self.root, self.ps
-        cur = receipt.node
-        while cur is not root:
-            if cur.full_lock <= 0:
-                raise MemoryModelError(f"FULL lock underflow on {cur}")
-            cur.full_lock -= 1
-            if cur.full_lock == 0:
-                if cur.full is not None:
-                    n = len(cur.key) * ps
-                    self.full_evictable += n
-                    self.full_protected -= n
-                self._update_leaf_sets(cur)
-            cur = cur.parent
-        if self.swa_tree:
-            cur, uuid = receipt.node, receipt.swa_uuid
-            while cur is not root:
-                if cur.swa_lock <= 0:
-                    raise MemoryModelError(f"SWA lock underflow on {cur}")
-                cur.swa_lock -= 1
-                if cur.swa_lock == 0:
-                    if cur.swa is not None:
-                        n = len(cur.key) * ps
-                        self.swa_evictable += n
-                        self.swa_protected -= n
-                    self._update_leaf_sets(cur)
-                if uuid is not None and cur.swa_uuid == uuid:
-                    break
-                cur = cur.parent
-
-    # ---- recency -----------------------------------------------------------------------
-
-    def refresh_swa_lru(self, node: Node) -> None:
-        """Move live-SWA nodes at and above ``node`` to MRU.
-
-        ``full_ancestry`` moves every ancestor; ``window_aware`` stops once W + ps tokens
-        above ``node`` are covered (sgl-project/sglang#26615), so out-of-window SWA ages out.
-        """
-        if not self.swa_tree or node is self.root:
-            return
-        limit = self.window_tokens + self.ps if self.window_aware else math.inf
-        chain, acc, cur, root, ps = [], 0, node, self.root, self.ps
-        while cur is not root and acc < limit:
-            if cur.swa is not None:
-                chain.append(cur)
-            acc += len(cur.key) * ps
-            cur = cur.parent
-        self.swa_lru.move_chain_to_mru(chain)
-
-    def _stamp_path(self, node: Node) -> None:
-        t = self.tick()
-        dev, host = self.device_leaves, self.host_leaves
-        while node is not None:
-            node.last_access = t
-            t -= 1e-5
-            if node in dev or node in host:
-                self._touch_leaf(node)
-            node = node.parent
-
-    # ---- match -------------------------------------------------------------------------
-
-    def match(self, key: list[int]) -> MatchResult:
-        """Longest usable prefix of ``key`` (page hashes), with the SWA window rule.
-
-        A node is usable when it has FULL KV and, for the SWA component, at least W tokens of
-        unbroken SWA end at it (a run that starts at the root counts as unbroken). Partially
-        matched nodes are split. The device hit uses device-only validators; with HiCache the
-        best match may extend over host-only nodes.
-
-        Args:
-            key: page hashes of the request (already limited by the caller).
-        Returns:
-            a MatchResult (tokens), with prefix_pages for the device hit.
-        Mutates: splits, SWA LRU order, last_access stamps.
-        """
-        ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
-        node, off, n = self.root, 0, len(key)
-        values: list[list[int]] = []
-        best = best_dev = self.root
-        best_dev_chunks = 0
-        full_hit_pages = 0
-        run_any = run_dev = math.inf
-        while off < n:
-            child = node.children.get(key[off])
-            if child is None or (child.full is None and child.full_host is None):
-                break
-            ck = child.key
-            m = len(ck)
-            if ck != key[off : off + m]:
-                m = 0
-                limit = min(len(ck), n - off)
-                while m < limit and ck[m] == key[off + m]:
-                    m += 1
-            full_hit_pages += m
-            partial = m < len(ck)
-            if partial:
-                child = self._split(child, m)
-            if child.full is not None:
-                values.append(child.full)
-            ok_dev = child.full is not None
-            ok_any = ok_dev or child.full_host is not None
-            if swa:
-                t = len(child.key) * ps
-                if child.swa is None:
-                    run_dev = 0
-                    ok_dev = False
-                else:
-                    run_dev += t
-                    ok_dev = ok_dev and run_dev >= window
-                if child.swa is None and child.swa_host is None:
-                    run_any = 0
-                    ok_any = False
-                else:
-                    run_any += t
-                    ok_any = ok_any and run_any >= window
-            if not hicache:
-                ok_any = ok_dev
-            if ok_any:
-                best = child
-            if ok_dev:
-                best_dev, best_dev_chunks = child, len(values)
-            node = child
-            off += m
-            if partial:
-                break
-        return self._finish_match(values, best, best_dev, best_dev_chunks, full_hit_pages)
-
-    def _finish_match(self, values, best, best_dev, best_dev_chunks, full_hit_pages) -> MatchResult:
-        ps, root = self.ps, self.root
-        self.refresh_swa_lru(best)
-        self._stamp_path(best)
-        prefix: list[int] = []
-        for chunk in values[:best_dev_chunks]:
-            prefix.extend(chunk)
-        host_hit = 0
-        cur = best
-        while cur is not best_dev and cur is not root:
-            if cur.full_host is not None:
-                host_hit += len(cur.full_host)
-            cur = cur.parent
-        swa_host_hit = 0
-        if self.swa_tree:
-            covered, cur = 0, best
-            while cur is not root and covered < self.window_tokens:
-                if cur.swa is not None:
-                    covered += len(cur.key) * ps
-                elif cur.swa_host is not None:
-                    swa_host_hit += len(cur.key)
-                    covered += len(cur.key) * ps
-                else:
-                    break
-                cur = cur.parent
-        device_hit = len(prefix) * ps
-        branching = None
-        if self.swa_tree and full_hit_pages * ps > device_hit + host_hit * ps:
-            branching = full_hit_pages * ps
-        return MatchResult(
-            device_hit_tokens=device_hit,
-            host_hit_tokens=host_hit * ps,
-            swa_host_hit_tokens=swa_host_hit * ps,
-            full_kv_hit_tokens=full_hit_pages * ps,
-            swa_branching_tokens=branching,
-            prefix_pages=prefix,
-            last_device_node=best_dev,
-            best_match_node=best,
-        )
+__all__ = ["RadixTree", "TreeLock"]

@@ -1,0 +1,104 @@
+"""Tree locks: FULL from a node to the root, SWA one window up (DESIGN.md §4.3).
+
+A running request locks its FULL path to the root and its SWA path only up to the node where
+one window (W tokens, tombstones included) is covered; that boundary node carries a uuid so the
+release walks back exactly the same segment even after splits (a split moves the uuid to the
+new, older half). Locked tokens are protected, unlocked cached tokens evictable.
+"""
+
+from __future__ import annotations
+
+from replay.memory.results import MemoryModelError
+
+
+class TreeLock:
+    """Receipt of ``lock``: the anchor node and the SWA segment's boundary uuid."""
+
+    __slots__ = ("node", "swa_uuid", "released")
+
+    def __init__(self, node, swa_uuid: int | None):
+        self.node = node
+        self.swa_uuid = swa_uuid
+        self.released = False
+
+
+class LockMixin:
+    """Lock half of ``RadixTree``."""
+
+    def lock(self, node) -> TreeLock:
+        """Lock FULL from ``node`` to the root and SWA up to one window above ``node``.
+
+        Returns:
+            the receipt to pass to ``unlock``.
+        Mutates: lock counts, evictable→protected ledgers, leaf sets.
+        """
+        root, ps = self.root, self.ps
+        cur = node
+        while cur is not root and cur.full is None:  # device-evicted bottom segment
+            cur.full_lock += 1
+            self._update_leaf_sets(cur)
+            cur = cur.parent
+        while cur is not root:
+            if cur.full_lock == 0:
+                n = len(cur.key) * ps
+                self.full_evictable -= n
+                self.full_protected += n
+            cur.full_lock += 1
+            self.device_leaves.discard(cur)
+            cur = cur.parent
+        uuid = None
+        if self.swa_tree:
+            covered, cur, window = 0, node, self.window_tokens
+            while cur is not root and covered < window:
+                if cur.swa_lock == 0 and cur.swa is not None:
+                    n = len(cur.key) * ps
+                    self.swa_evictable -= n
+                    self.swa_protected += n
+                cur.swa_lock += 1
+                covered += len(cur.key) * ps
+                if covered >= window:
+                    if cur.swa_uuid is None:
+                        self._next_uuid += 1
+                        cur.swa_uuid = self._next_uuid
+                    uuid = cur.swa_uuid
+                cur = cur.parent
+        return TreeLock(node, uuid)
+
+    def unlock(self, receipt: TreeLock) -> None:
+        """Release a ``lock`` receipt (once).
+
+        Raises:
+            MemoryModelError: on a second release or a lock count going negative.
+        Mutates: lock counts, protected→evictable ledgers, leaf sets.
+        """
+        if receipt.released:
+            raise MemoryModelError("tree lock released twice")
+        receipt.released = True
+        root, ps = self.root, self.ps
+        cur = receipt.node
+        while cur is not root:
+            if cur.full_lock <= 0:
+                raise MemoryModelError(f"FULL lock underflow on {cur}")
+            cur.full_lock -= 1
+            if cur.full_lock == 0:
+                if cur.full is not None:
+                    n = len(cur.key) * ps
+                    self.full_evictable += n
+                    self.full_protected -= n
+                self._update_leaf_sets(cur)
+            cur = cur.parent
+        if self.swa_tree:
+            cur, uuid = receipt.node, receipt.swa_uuid
+            while cur is not root:
+                if cur.swa_lock <= 0:
+                    raise MemoryModelError(f"SWA lock underflow on {cur}")
+                cur.swa_lock -= 1
+                if cur.swa_lock == 0:
+                    if cur.swa is not None:
+                        n = len(cur.key) * ps
+                        self.swa_evictable += n
+                        self.swa_protected -= n
+                    self._update_leaf_sets(cur)
+                if uuid is not None and cur.swa_uuid == uuid:
+                    break
+                cur = cur.parent
