@@ -1,50 +1,57 @@
-"""``make demo``: record a small synthetic event stream with the tracer and inspect it."""
+"""``make demo``: the main job end to end on bundled data.
+
+1. summarize a bundled workload (``kvtrace workload stats``);
+2. record it through the real sglang 0.5.23 pools, radix cache and admission code on CPU with
+   the tracer hooks installed (``kvtrace record --backend sglang``);
+3. inspect the trace (``kvtrace inspect``) and check it: every family but ``drops`` non-empty,
+   zero drops, no problems.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
-
-def record_synthetic(out: Path, num_requests: int = 200) -> None:
-    """A small allocator/cache/scheduler stream: prefill, decode, finish per request."""
-    import tracer
-    from tracer.schema import CacheOp, Mode, Pool, PoolOp, RequestEvent, SchedKind
-
-    tracer.start(out, server={"page_size": 16, "full_pool_tokens": 65536}, hash_block_tokens=16)
-    used, step = 0, 0
-    for rid in range(num_requests):
-        step += 1
-        tracer.sched(SchedKind.STEP, step, Mode.PREFILL, 1, 512, 40_000)
-        tracer.request(RequestEvent.ARRIVAL, rid, rid // 4, rid % 4, 512, 64, 64, -1, f"req-{rid}",
-                       list(range(rid // 4 * 100, rid // 4 * 100 + 32)))
-        tracer.cache(CacheOp.MATCH, rid, device_hit=(rid % 4) * 128)
-        tracer.pool(Pool.FULL, PoolOp.ALLOC, rid, 512, 32)
-        used += 512
-        for _ in range(4):
-            step += 1
-            tracer.sched(SchedKind.STEP, step, Mode.DECODE, 1, 1, 8_000)
-            tracer.pool(Pool.FULL, PoolOp.ALLOC, rid, 16, 1)
-            used += 16
-            tracer.stats(step, Pool.FULL, 65536, 65536 - used, 0, 0, used)
-        tracer.pool(Pool.FULL, PoolOp.FREE, rid, 576, 36)
-        used -= 576
-        tracer.request(RequestEvent.FINISH, rid, rid // 4, rid % 4, 512, 64, 64, (rid % 4) * 128, f"req-{rid}")
-    tracer.stop()
+DEFAULT_WORKLOAD = Path(__file__).resolve().parents[1] / "data" / "workloads" / "multi_turn"
 
 
-def main() -> int:
+def _run(args: list[str]) -> str:
     from replay.cli import main as cli
 
-    out = Path("out/demo-trace")
-    shutil.rmtree(out, ignore_errors=True)
-    record_synthetic(out)
-    res = CliRunner().invoke(cli, ["inspect", str(out)])
-    sys.stdout.write(res.output)
-    return res.exit_code
+    print(f"$ kvtrace {' '.join(args)}", flush=True)
+    res = CliRunner().invoke(cli, args, catch_exceptions=False)
+    if res.exit_code != 0:
+        raise SystemExit(f"kvtrace {' '.join(args)} failed ({res.exit_code}):\n{res.output}")
+    return res.output
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD)
+    ap.add_argument("--out", type=Path, default=Path("out/demo-trace"))
+    ap.add_argument("--set", action="append", default=[], help="backend setting KEY=VALUE")
+    args = ap.parse_args(argv)
+
+    sys.stdout.write(_run(["workload", "stats", str(args.workload)]))
+    shutil.rmtree(args.out, ignore_errors=True)
+    sets = [x for kv in args.set for x in ("--set", kv)]
+    sys.stdout.write(_run(["record", "--workload", str(args.workload), "--backend", "sglang",
+                           "--out", str(args.out), *sets]))
+    sys.stdout.write(_run(["inspect", str(args.out)]))
+    summary = json.loads(_run(["inspect", str(args.out), "--json"]))
+    empty = [f for f, n in summary["families"].items() if f != "drops" and n == 0]
+    if empty or summary["drops"] or summary["problems"]:
+        print(f"demo check FAILED: empty families {empty}, drops {summary['drops']}, "
+              f"problems {summary['problems']}")
+        return 1
+    print(f"demo check ok: {sum(summary['families'].values()):,} events, 0 drops, "
+          f"{summary['bytes_per_event']} bytes/event -> {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 import tracer
@@ -69,8 +70,13 @@ def test_installed_entry_point_runs():
         assert name in out.stdout
 
 
-def test_demo_records_and_inspects(tmp_path, monkeypatch):
+@pytest.mark.sglang
+def test_demo_runs_end_to_end_on_a_small_workload(tmp_path, capsys):
     from replay import demo
 
-    monkeypatch.chdir(tmp_path)
-    assert demo.main() == 0
+    w = tmp_path / "w"
+    res = CliRunner().invoke(cli, ["workload", "generate", "--shape", "multi_turn", "--requests", "20",
+                                   "--seed", "3", "--out", str(w)])
+    assert res.exit_code == 0, res.output
+    assert demo.main(["--workload", str(w), "--out", str(tmp_path / "t")]) == 0
+    assert "demo check ok" in capsys.readouterr().out
