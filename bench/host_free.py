@@ -154,8 +154,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
-    result = run(args)
+    try:
+        result = run(args)
+    finally:
+        torch.set_num_threads(threads)
     if args.json:
         print(json.dumps(result))
     else:

@@ -118,15 +118,19 @@ def main(argv=None) -> int:
                     choices=["prepend", "append", "sorted_merge"])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    result = {
-        "page_size": args.page_size,
-        "request_tokens": args.request_tokens,
-        "num_cached": args.num_cached,
-        "device_free": args.device_free,
-        "full_only": summarize(run(args, 0)),
-        "full_swa": summarize(run(args, args.window)),
-    }
+    try:
+        result = {
+            "page_size": args.page_size,
+            "request_tokens": args.request_tokens,
+            "num_cached": args.num_cached,
+            "device_free": args.device_free,
+            "full_only": summarize(run(args, 0)),
+            "full_swa": summarize(run(args, args.window)),
+        }
+    finally:
+        torch.set_num_threads(threads)
     if args.json:
         print(json.dumps(result))
         return 0

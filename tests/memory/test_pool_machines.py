@@ -19,6 +19,7 @@ from hypothesis.stateful import (
 
 from replay.memory.allocator import DeviceAllocator
 from replay.memory.host_pool import HostPool
+from replay.memory.swa_allocator import SWAKVPools
 
 SETTINGS = settings(
     max_examples=300,
@@ -169,7 +170,100 @@ class HostPoolMachine(RuleBasedStateMachine):
         assert self.h.available_tokens() + n_held == self.h.capacity_tokens
 
 
+class SWAPoolsMachine(RuleBasedStateMachine):
+    """Lockstep rows; SWA released out of window, then rows freed (full-only below the cursor)."""
+
+    @initialize(
+        ps=st.sampled_from([1, 2, 4]),
+        full_pages=st.integers(1, 24),
+        swa_pages=st.integers(1, 16),
+        mode=st.sampled_from(["prepend", "append", "sorted_merge"]),
+    )
+    def setup(self, ps, full_pages, swa_pages, mode):
+        self.p = SWAKVPools(DeviceAllocator(full_pages * ps, ps, mode, "full"),
+                            DeviceAllocator(swa_pages * ps, ps, mode, "swa"))
+        self.ps = ps
+        self.rows: list[list] = []  # [tokens, pages, swa_cursor_pages]
+        self.pending_full: set[int] = set()
+        self.pending_swa = 0
+
+    @rule(n=st.integers(1, 16))
+    def new_row(self, n):
+        pages = self.p.alloc_extend_pages([0], [n])
+        if pages is None:
+            assert -(-n // self.ps) > min(self.p.full.available_pages(), self.p.swa.available_pages())
+        else:
+            self.rows.append([n, pages[0], 0])
+
+    @precondition(lambda self: self.rows)
+    @rule(i=st.integers(0, 99), n=st.integers(0, 9), decode=st.booleans())
+    def grow(self, i, n, decode):
+        row = self.rows[i % len(self.rows)]
+        if decode:
+            new = self.p.alloc_decode_pages([row[0] + 1])
+            if new is not None:
+                row[0] += 1
+                if new[0] is not None:
+                    row[1].append(new[0])
+        else:
+            new = self.p.alloc_extend_pages([row[0]], [row[0] + n])
+            if new is not None:
+                row[0] += n
+                row[1].extend(new[0])
+
+    @precondition(lambda self: self.rows)
+    @rule(i=st.integers(0, 99), k=st.integers(1, 4))
+    def release_window(self, i, k):
+        row = self.rows[i % len(self.rows)]
+        hi = min(row[2] + k, len(row[1]) - 1)
+        if hi > row[2]:
+            freed = self.p.free_swa_of(row[1][row[2]:hi])
+            assert freed == hi - row[2]
+            if self.p.swa.in_free_group:
+                self.pending_swa += freed
+            row[2] = hi
+
+    @precondition(lambda self: self.rows)
+    @rule(i=st.integers(0, 99))
+    def free_row(self, i):
+        _, pages, cursor = self.rows.pop(i % len(self.rows))
+        self.p.free_full_only(pages[:cursor])
+        self.p.free_pages_both(pages[cursor:])
+        if self.p.full.in_free_group:
+            self.pending_full.update(pages)
+            self.pending_swa += len(pages) - cursor
+
+    @precondition(lambda self: not self.p.full.in_free_group)
+    @rule()
+    def group_begin(self):
+        self.p.free_group_begin()
+
+    @precondition(lambda self: self.p.full.in_free_group)
+    @rule()
+    def group_end(self):
+        self.p.free_group_end()
+        self.pending_full.clear()
+        self.pending_swa = 0
+
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "p"):
+            return
+        self.p.check_integrity()
+        held = [pg for r in self.rows for pg in r[1]]
+        assert len(set(held)) == len(held)
+        assert len(held) + len(self.pending_full) + self.p.full.available_pages() == self.p.full.num_pages
+        live = [pg for r in self.rows for pg in r[1][r[2]:]]
+        peers = self.p.translate(live)
+        assert all(peers) and len(set(peers)) == len(peers)
+        dead = [pg for r in self.rows for pg in r[1][:r[2]]]
+        assert not any(self.p.translate(dead))
+        assert len(live) + self.pending_swa + self.p.swa.available_pages() == self.p.swa.num_pages
+
+
 TestDeviceAllocatorMachine = DeviceAllocatorMachine.TestCase
 TestDeviceAllocatorMachine.settings = SETTINGS
 TestHostPoolMachine = HostPoolMachine.TestCase
 TestHostPoolMachine.settings = SETTINGS
+TestSWAPoolsMachine = SWAPoolsMachine.TestCase
+TestSWAPoolsMachine.settings = SETTINGS
