@@ -94,7 +94,7 @@ class RadixCache:
         if req.seq_tokens != req.protected_tokens:
             raise MemoryModelError("load_back must run before the request extends")
         best = m.best_match_node
-        if self.tree.load_back(best) == 0 and best.full is None:
+        if self.tree.load_back(best) is None:
             return 0
         old = req.lock
         req.lock = self.tree.lock(best)

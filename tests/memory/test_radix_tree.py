@@ -229,3 +229,14 @@ def test_new_leaf_is_clipped_at_the_swa_cursor():
     assert tomb.swa is None and live.swa is not None and leaf.swa is not None
     assert tree.num_nodes == 3 and tree.swa_evictable == 6
     tree.check_integrity()
+
+
+def test_full_eviction_cascade_counts_toward_the_swa_request():
+    tree, pools = make_tree(ps=2, window=4)
+    tree.insert(seq(1, 2), alloc(pools, 2))  # one leaf, 4 tokens live SWA
+    tree.insert(seq(2, 2), alloc(pools, 2))
+    # FULL walk deletes the LRU leaf (4 full + 4 SWA); the SWA request of 4 is then met
+    res = tree.evict(full_tokens=4, swa_tokens=4)
+    assert (res.full_tokens, res.swa_tokens, res.num_deleted_nodes) == (4, 4, 1)
+    assert tree.num_nodes == 1
+    tree.check_integrity()

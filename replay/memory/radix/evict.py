@@ -34,16 +34,18 @@ class EvictMixin:
         Mutates: tree, ledgers, pools.
         """
         res = EvictResult()
+        # targets are fixed up front: collateral frees of one walk count toward the other
+        full_target = self.full_available_tokens() + full_tokens
+        swa_target = self.swa_available_tokens() + swa_tokens
         try:
             if full_tokens > 0:
-                self._evict_full(self.full_available_tokens() + full_tokens, res)
+                self._evict_full(full_target, res)
             if swa_tokens > 0 and self.swa_tree:
-                target = self.swa_available_tokens() + swa_tokens
-                if self.swa_available_tokens() < target:
-                    self._evict_swa(swa_tokens, target, res)
+                if self.swa_available_tokens() < swa_target and res.swa_tokens < swa_tokens:
+                    self._evict_swa(swa_tokens, swa_target, res)
             elif swa_tokens > 0 and self.pools.has_swa:
                 # FULL-only tree over SWA pools (EIC): SWA comes back only with FULL leaves.
-                self._evict_full(self.swa_available_tokens() + swa_tokens, res, swa_target=True)
+                self._evict_full(swa_target, res, swa_target=True)
         finally:
             self._flush()
         return res
@@ -137,9 +139,8 @@ class EvictMixin:
 
     def _evict_swa(self, request_tokens: int, target: int, res: EvictResult) -> None:
         lru = self.swa_lru
-        start = res.swa_tokens
         cursor = lru.lru()
-        while cursor is not None and res.swa_tokens - start < request_tokens:
+        while cursor is not None and res.swa_tokens < request_tokens:
             if cursor not in lru:
                 cursor = lru.lru()
                 continue

@@ -103,17 +103,18 @@ class HiCacheMixin:
             copied += len(pages) * self.ps
         return copied
 
-    def load_back(self, node) -> int:
+    def load_back(self, node) -> int | None:
         """Bring host-only FULL (and SWA within one window) above ``node`` back to device.
 
         Args:
             node: the best match node of a match.
         Returns:
-            FULL tokens loaded (0 when skipped: below the threshold or out of memory).
+            FULL tokens loaded (0 for an SWA-only restore), or None when nothing was loaded
+            (no host hit, below the threshold, or the device pools stayed short).
         Mutates: device pools (may evict), node values and ledgers.
         """
         if not self.hicache or node is self.root:
-            return 0
+            return None
         full_nodes, cur = [], node
         while cur is not self.root and cur.full is None:
             if cur.full_host is None:
@@ -134,7 +135,7 @@ class HiCacheMixin:
         kv_pages = sum(len(n.key) for n in full_nodes)
         swa_pages = sum(len(n.key) for n in swa_nodes)
         if kv_pages * self.ps < max(1, self.load_back_threshold_tokens) and not swa_nodes:
-            return 0
+            return None
         receipt = self.lock(node)
         self._host_pinned = set(swa_nodes)
         try:
@@ -143,7 +144,7 @@ class HiCacheMixin:
             self._host_pinned = set()
             self.unlock(receipt)
 
-    def _load(self, full_nodes, swa_nodes, kv_pages: int, swa_pages: int) -> int:
+    def _load(self, full_nodes, swa_nodes, kv_pages: int, swa_pages: int) -> int | None:
         pools, ps = self.pools, self.ps
         full_short = kv_pages * ps - pools.full.available_tokens()
         if full_short > 0:
@@ -151,9 +152,9 @@ class HiCacheMixin:
         if swa_pages and pools.swa.available_tokens() < swa_pages * ps:
             self.evict(swa_tokens=swa_pages * ps - pools.swa.available_tokens())
         if pools.full.available_pages() < kv_pages:
-            return 0
+            return None
         if swa_pages and pools.swa.available_pages() < swa_pages:
-            return 0
+            return None
         new = pools.full.alloc_pages(kv_pages).tolist() if kv_pages else []
         pos = 0
         for cur in full_nodes:
