@@ -52,6 +52,7 @@ from replay.backends.sglang_patches import apply_patches
 #: admission code still refuses it).
 FINISH_REASONS = ("finished", "retract_oom", "too_long", "unschedulable")
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
+_STALLED_AFTER_IDLE_STEPS = 1000  # idle steps with work left and no arrivals: a loop bug, fail loudly
 
 
 @dataclass(frozen=True)
@@ -278,14 +279,20 @@ class SglangBackend(SchedulerMirror):
         if self._next_arrival < len(self._pending):
             nxt = self._pending[self._next_arrival].arrival_ns
             self.clock_ns = max(self.clock_ns, nxt)
-        elif self.waiting and self.running.is_empty() and self.chunked_req is None:
-            # Nothing runs, nothing will arrive, and the head cannot be admitted (after a few
-            # steps, so pending HiCache acks can land): a request the pools can never hold. A
-            # server would reject it; abort it so the run ends.
+        else:
             self._idle_streak += 1
-            if self._idle_streak >= _UNSCHEDULABLE_AFTER_IDLE_STEPS:
+            if (self.waiting and self.running.is_empty() and self.chunked_req is None
+                    and self._idle_streak >= _UNSCHEDULABLE_AFTER_IDLE_STEPS):
+                # Nothing runs, nothing will arrive, and the head cannot be admitted (after a
+                # few steps, so pending HiCache acks can land): a request the pools can never
+                # hold. A server would reject it; abort it so the run ends.
                 self._idle_streak = 0
                 self._abort(self.waiting.pop(0), "unschedulable", "admission refuses it with the pools idle")
+            elif self._idle_streak > _STALLED_AFTER_IDLE_STEPS:
+                raise RuntimeError(
+                    f"backend stalled at step {self.forward_ct}: {len(self.waiting)} waiting, "
+                    f"{self.running.batch_size()} running, chunked={self.chunked_req is not None}, "
+                    f"occupancy={ {k: v.as_dict() for k, v in self.occupancy().items()} }")
         self.last_batch = None
         return StepRecord(self.forward_ct, "idle", 0, 0, 0, self.clock_ns, num_retracted)
 
