@@ -38,7 +38,7 @@ from tracer.schema import (  # noqa: F401  (re-exported enums)
     Verdict,
 )
 
-__all__ = ["start", "stop", "is_active", "active", "tick", "flush", *EMIT_NAMES, "RecorderOptions"]
+__all__ = ["start", "stop", "is_active", "active", "tick", "set_clock", "flush", *EMIT_NAMES, "RecorderOptions"]
 
 log = logging.getLogger("kvtrace.tracer")
 _lock = threading.Lock()
@@ -54,14 +54,20 @@ def tick() -> int:
     return 0
 
 
+def set_clock(ts_ns: int) -> int:
+    """Set the trace clock (recorders started with ``clock="manual"``); returns ts_ns."""
+    return 0
+
+
 def _bind(emits: dict | None) -> None:
     g = globals()
     for name in EMIT_NAMES:
         g[name] = emits[name] if emits else _NOOPS[name]
     g["tick"] = emits["tick"] if emits else _tick_off
+    g["set_clock"] = emits["set_clock"] if emits else _set_clock_off
 
 
-_tick_off = tick
+_tick_off, _set_clock_off = tick, set_clock
 
 
 def start(out_dir: str | os.PathLike, *, rank: int | None = None, source: str = "tracer",

@@ -16,7 +16,9 @@ appended to a bounded list under a lock.
 
 Timestamps: in ``clock="step"`` mode (default) ``pool`` and ``cache`` rows take the step clock
 (``tick()``, refreshed also by every ``sched``/``stats``/``request`` emit); ordering comes from
-``seq``. ``clock="event"`` reads the monotonic clock in every emit.
+``seq``. ``clock="event"`` reads the monotonic clock in every emit. ``clock="manual"`` never reads
+it: the driver sets the time with ``tracer.set_clock(ts_ns)`` (simulators and the real-code
+backend record on their virtual clock, so their traces are deterministic).
 """
 
 from __future__ import annotations
@@ -54,15 +56,15 @@ class RecorderOptions:
     segment_max_bytes: int = 64 << 20  # rotate the open segment past this size...
     segment_max_s: float = 600.0  # ...or this age
     detail: str = "counts"  # "counts" | "pages" (pool rows carry page ids)
-    clock: str = "step"  # "step" | "event"
+    clock: str = "step"  # "step" | "event" | "manual"
     on_fork: str = "off"  # "off" (child records nothing) | "child" (child gets its own rank)
     stop_timeout_s: float = 10.0
 
     def __post_init__(self):
         if self.detail not in ("counts", "pages"):
             raise ValueError(f"detail must be 'counts' or 'pages', got {self.detail!r}")
-        if self.clock not in ("step", "event"):
-            raise ValueError(f"clock must be 'step' or 'event', got {self.clock!r}")
+        if self.clock not in ("step", "event", "manual"):
+            raise ValueError(f"clock must be 'step', 'event' or 'manual', got {self.clock!r}")
         if self.on_fork not in ("off", "child"):
             raise ValueError(f"on_fork must be 'off' or 'child', got {self.on_fork!r}")
         if self.buffer_events < 16 or self.row_buffer_events < 16:
@@ -104,7 +106,7 @@ class Recorder:
                      "started_unix_ns": time.time_ns(), "options": asdict(self.opts), "state": "recording"}
         self.rank = _manifest.claim_rank(self.dir, rank, self.info)
         self.seq = itertools.count(1)
-        self.now = [time.monotonic_ns() - self.anchor_ns]
+        self.now = [0 if self.opts.clock == "manual" else time.monotonic_ns() - self.anchor_ns]
         self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events) for f in STRUCT_FAMILIES}
         self.rows = {f: RowBuffer(FAMILIES[f], self.opts.row_buffer_events) for f in ROW_FAMILIES}
         self.drops = Drops()
@@ -127,7 +129,7 @@ class Recorder:
         emits = {}
         mono, anchor = time.monotonic_ns, self.anchor_ns
         for name in STRUCT_FAMILIES + ROW_FAMILIES:
-            reads_clock = self.opts.clock == "event" or name in _READS_CLOCK
+            reads_clock = self.opts.clock == "event" or (self.opts.clock == "step" and name in _READS_CLOCK)
             variants = [(name, False)] + ([("pool_ids", True)] if name == "pool" else [])
             for fn_name, with_ids in variants:
                 ns = {"next": next, "seq": self.seq, "now": self.now, "mono": mono, "anchor": anchor}
@@ -146,11 +148,23 @@ class Recorder:
 
         now, seq = self.now, self.seq
 
-        def tick() -> int:
-            t = now[0] = mono() - anchor
-            return t
+        if self.opts.clock == "manual":
+            def tick() -> int:
+                return now[0]
+
+            def set_clock(ts_ns: int) -> int:
+                now[0] = int(ts_ns)
+                return now[0]
+        else:
+            def tick() -> int:
+                t = now[0] = mono() - anchor
+                return t
+
+            def set_clock(ts_ns: int) -> int:
+                raise RuntimeError("tracer.set_clock needs clock='manual'")
 
         emits["tick"] = tick
+        emits["set_clock"] = set_clock
         emits["peek_seq"] = lambda: _peek(seq)
         return emits
 

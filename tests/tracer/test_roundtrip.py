@@ -120,3 +120,25 @@ def test_storage_encodes_enum_strings(tmp_path):
     assert int(DropReason.BUFFER_FULL) == 0
     assert [str(p) for p in tr.check()] == [
         f"{tmp_path}/drops/rank=0/part-00000.parquet, row 0: 7 pool lost (buffer_full), seq 3..9"]
+
+
+def test_manual_clock_is_deterministic(tmp_path):
+    tracer.start(tmp_path / "t", clock="manual")
+    for i in range(5):
+        tracer.set_clock(1000 * i)
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
+        tracer.sched(SchedKind.STEP, i, Mode.DECODE, 1, 1, 0)
+    assert tracer.tick() == 4000
+    tracer.stop()
+    tr = open_trace(tmp_path / "t")
+    assert tr.table("pool").column("ts_ns").to_pylist() == [0, 1000, 2000, 3000, 4000]
+    assert tr.table("sched").column("ts_ns").to_pylist() == [0, 1000, 2000, 3000, 4000]
+
+
+def test_set_clock_needs_manual_mode(tmp_path):
+    import pytest
+
+    assert tracer.set_clock(5) == 0  # off: a no-op
+    tracer.start(tmp_path / "t")
+    with pytest.raises(RuntimeError, match="clock='manual'"):
+        tracer.set_clock(5)

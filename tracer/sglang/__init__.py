@@ -28,7 +28,8 @@ from tracer.sglang.hooks import (  # noqa: F401
     uninstall,
 )
 from tracer.sglang.state import failures  # noqa: F401
-from tracer.sglang.stats import sample, step  # noqa: F401
+from tracer.sglang.stats import configure, sample, step  # noqa: F401
 
-__all__ = ["install", "uninstall", "is_installed", "step", "sample", "failures", "check_version",
+__all__ = ["install", "uninstall", "is_installed", "step", "sample", "configure", "failures",
+           "check_version",
            "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang"]

@@ -2,20 +2,27 @@
 
 Occupancy is measured, not inferred: the outermost call into a *leaf* allocator
 (``TokenToKVPoolAllocator`` / ``PagedTokenToKVPoolAllocator``, the classes that own a free list)
-reads ``available_size()`` before and after and records the difference as one ``alloc`` or
-``free`` row. Whatever path the server takes (``free``, ``free_segment(s)``,
-``free_full_segment(s)``, ``free_page_ids``, free-group release, ``alloc_extend``...), the sum of
-the rows equals ``capacity - available`` of that pool. Nested calls (``free_segment`` ->
-``free_page_ids`` -> ``_release_page_ids``) are not counted again.
+reads the available size before and after and records the difference as one ``alloc`` or ``free``
+row. Whatever path the server takes (``free``, ``free_segment(s)``, ``free_full_segment(s)``,
+``free_page_ids``, a free group's release, ``alloc_extend``...), the rows of a pool sum to its
+``capacity - available``. Nested calls (``free_segment`` -> ``free_page_ids`` ->
+``_release_page_ids``) are not counted again.
 
 The SWA allocator (``SWATokenToKVPoolAllocator``) is a composite of two leaves of the same class;
-it is never measured itself. Its constructor tags its leaves (``full`` / ``swa`` pool) so each
-leaf's rows name the right pool; a free deferred by a free group shows up when the group releases
-it (``free_group_end``), as DESIGN.md §3 requires. ``ReqToTokenPool`` rows (pool
-``req_to_token``) count request rows, and tell the stats sampler which requests hold KV.
+it is never measured itself, so nothing is counted twice. Its constructor tags its leaves
+(``full`` / ``swa`` pool); a leaf that was never tagged (an allocator built before ``install``)
+counts as ``full`` until the stats sampler or the tree adopts its composite and tags it.
 
-Reads only CPU-side values: ``available_size()`` is ``len()`` of the free-list tensors plus a
-Python counter. Page ids (``detail="pages"``) are the one exception and cost a device sync.
+Free groups: a free inside a group changes nothing and leaves no row; the group's release at
+``free_group_end`` is measured like any other free. A group that released something is framed by
+``free_group_begin`` / ``free_group_end`` marker rows around its release rows (empty groups, most
+decode steps, leave no rows; the begin marker's ``dur_ns`` is 0).
+
+``ReqToTokenPool`` rows (pool ``req_to_token``) count request rows and tell the stats sampler
+which requests hold KV.
+
+Reads only CPU-side values: free-list tensor shapes and Python counters. Page ids
+(``detail="pages"``) are the one exception and cost a device sync per op.
 """
 
 from __future__ import annotations
@@ -45,26 +52,40 @@ LEAF_METHODS: dict[str, str] = {
     "free_full_segment": "free",
     "free_full_segments": "free",
     "_release_page_ids": "free",
-    "free_group_begin": "group_begin",
     "free_group_end": "group_end",
     "clear": "clear",
     "resize": "clear",
 }
-# Composite (SWA) methods wrapped only to tag leaves lazily / emit SWA-side group markers.
-SWA_METHODS = (
-    "alloc", "alloc_extend", "alloc_extend_swa_tail", "alloc_decode", "free", "free_swa",
-    "free_swa_segment", "free_full", "free_segment", "free_full_segment", "clear",
-)
 
 _leaf_types: tuple[type, ...] = ()
 _swa_types: tuple[type, ...] = ()
 _fast_types: frozenset = frozenset()  # leaf classes whose available_size() is the base formula
+# type -> is a leaf / an SWA composite (isinstance on these ABCs costs ~1 us: cached per type)
+_is_leaf: dict[type, bool] = {}
+_is_swa: dict[type, bool] = {}
+_pm: list = [None, False]  # (recorder, detail == "pages")
+
+
+def _leaf(obj) -> bool:
+    t = type(obj)
+    r = _is_leaf.get(t)
+    if r is None:
+        r = _is_leaf[t] = isinstance(obj, _leaf_types)
+    return r
+
+
+def _swa(obj) -> bool:
+    t = type(obj)
+    r = _is_swa.get(t)
+    if r is None:
+        r = _is_swa[t] = isinstance(obj, _swa_types)
+    return r
 
 
 def _available(a) -> int:
-    """``a.available_size()`` without ``Tensor.__len__`` (a Python-level call, ~2 us):
-    free-list ``shape[0]`` plus the staged/release count, exactly the formula of the token and
-    paged allocators. Subclasses that override ``available_size`` use their own."""
+    """``a.available_size()`` without ``Tensor.__len__`` (a Python-level call): the free list's
+    ``shape[0]`` plus the staged/release count, the formula of the token and paged allocators.
+    Subclasses that override ``available_size`` use their own."""
     if type(a) not in _fast_types:
         return a.available_size()
     d = a.__dict__
@@ -76,7 +97,9 @@ def _available(a) -> int:
 
 def _pages_mode() -> bool:
     rec = tracer._active
-    return rec is not None and rec.opts.detail == "pages"
+    if rec is not _pm[0]:
+        _pm[0], _pm[1] = rec, rec is not None and rec.opts.detail == "pages"
+    return _pm[1]
 
 
 def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
@@ -110,7 +133,8 @@ def _staged_slots(a) -> int:
     return len(rel) if rel is not None else 0
 
 
-def _ids_numpy(tensors) -> object:
+# ------------------------------------------------------------------ detail=pages
+def _ids_numpy(tensors):
     import numpy as np
 
     parts = [t.reshape(-1).cpu().numpy() for t in tensors if t is not None and t.numel()]
@@ -121,8 +145,9 @@ def _alloc_page_ids(a, name: str, fp0, k_pages: int, out):
     """Page ids an allocation took: the head of the free list before the call (no merge)."""
     fp = a.free_pages
     try:
-        if fp0 is not None and len(fp0) - k_pages == len(fp) and (
-            len(fp) == 0 or fp.untyped_storage().data_ptr() == fp0.untyped_storage().data_ptr()
+        if fp0 is not None and fp0.shape[0] - k_pages == fp.shape[0] and (
+            fp.shape[0] == 0
+            or fp.untyped_storage().data_ptr() == fp0.untyped_storage().data_ptr()
         ):
             return _ids_numpy([fp0[:k_pages]])
         if name == "alloc" and out is not None:
@@ -132,6 +157,18 @@ def _alloc_page_ids(a, name: str, fp0, k_pages: int, out):
     return None
 
 
+def _capture_inner(a, name: str, args, cap: list) -> None:
+    """Remember the page/slot ids a leaf really puts back on its free list."""
+    try:
+        if name == "_release_page_ids":
+            cap.extend(args)
+        elif name == "free" and "staged_pages" not in a.__dict__ and a.free_group is None and args:
+            cap.append(args[0])  # TokenToKVPoolAllocator: slot ids are page ids (ps=1)
+    except Exception as e:
+        state.note_failure("allocator.capture", e)
+
+
+# ------------------------------------------------------------------ leaf wrapper
 def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, out, fp0, cap):
     pool = a.__dict__.get("_kvt_pool", FULL)
     if pool is None:
@@ -142,42 +179,37 @@ def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, ou
         ids = _alloc_page_ids(a, name, fp0, delta // ps, out) if fp0 is not None else None
         _emit(pool, ALLOC, delta, ps, dur_ns, ids)
     elif delta < 0:
-        ids = _ids_numpy(cap) if cap is not None else None
-        if ids is not None and ps > 1 and type(a).__name__ == "TokenToKVPoolAllocator":
-            ids = ids // ps
-        _emit(pool, FREE, -delta, ps, dur_ns, ids)
+        _emit(pool, FREE, -delta, ps, dur_ns, _ids_numpy(cap) if cap is not None else None)
     elif kind == "alloc" and out is None:
         _emit(pool, ALLOC_FAIL, _requested_slots(name, args, kwargs), ps, dur_ns)
-    if kind == "group_end" and delta:
-        _emit(pool, GROUP_END, 0, ps, 0)
-    elif kind == "clear" and delta < 0:
+    if kind == "clear" and delta < 0:
         _emit(pool, CLEAR, -delta, ps, 0)
 
 
 def _make_leaf(kind: str, name: str):
     def make(orig):
         def leaf_op(self, *args, **kwargs):
-            if tracer.pool is _NOOP or not isinstance(self, _leaf_types):
+            if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
             d = self.__dict__
-            if d.get("_kvt_busy"):
+            if d.get("_kvt_busy") or not _leaf(self):
                 cap = d.get("_kvt_cap")
                 if cap is not None:  # detail=pages: collect the ids actually released
                     _capture_inner(self, name, args, cap)
                 return orig(self, *args, **kwargs)
-            if kind == "group_begin":  # no occupancy change; remember when the group opened
-                d["_kvt_group_t0"] = perf_counter_ns()
-                return orig(self, *args, **kwargs)
-            if kind == "group_end":
+            group = kind == "group_end"
+            if group:
                 if not (d.get("free_group") or d.get("free_page_ids_group")):
-                    return orig(self, *args, **kwargs)  # empty group: releases nothing
-                _group_begin_marker(self, d)
+                    return orig(self, *args, **kwargs)  # an empty group releases nothing
+                pool = d.get("_kvt_pool", FULL)
+                if pool is not None:
+                    _emit(pool, GROUP_BEGIN, 0, d["page_size"], 0)
             try:
                 before = _available(self)
             except Exception:  # under construction (free list not built yet)
                 return orig(self, *args, **kwargs)
             fp0 = cap = None
-            if _pages_mode():
+            if _pm[1] or _pages_mode():
                 fp0 = d.get("free_pages") if kind == "alloc" else None
                 cap = d["_kvt_cap"] = []
                 _capture_inner(self, name, args, cap)
@@ -194,6 +226,8 @@ def _make_leaf(kind: str, name: str):
                     d.pop("_kvt_cap", None)
                 try:
                     _account(self, kind, name, before, dur, args, kwargs, out, fp0, cap)
+                    if group and pool is not None:
+                        _emit(pool, GROUP_END, 0, d["page_size"], 0)
                 except Exception as e:
                     state.note_failure(f"allocator.{name}", e)
 
@@ -202,35 +236,10 @@ def _make_leaf(kind: str, name: str):
     return make
 
 
-def _group_begin_marker(a, d) -> None:
-    """At ``free_group_end``: if the group deferred frees, emit its ``free_group_begin`` marker
-    now (``dur_ns`` = how long the group was open), just before the release rows. Empty groups
-    (most decode steps) leave no rows at all."""
-    try:
-        pending = a.__dict__.get("free_group") or a.__dict__.get("free_page_ids_group")
-        pool = d.get("_kvt_pool", FULL)
-        if pending and pool is not None:
-            t_open = d.get("_kvt_group_t0")
-            _emit(pool, GROUP_BEGIN, 0, a.page_size, perf_counter_ns() - t_open if t_open else 0)
-    except Exception as e:
-        state.note_failure("allocator.group_begin", e)
-
-
-def _capture_inner(a, name: str, args, cap: list) -> None:
-    """detail=pages: remember the page/slot ids a leaf really puts back on its free list."""
-    try:
-        if name == "_release_page_ids":
-            cap.extend(args)
-        elif name == "free" and not hasattr(a, "staged_pages") and a.free_group is None and args:
-            cap.append(args[0])  # TokenToKVPoolAllocator: slot ids are page ids at ps=1
-    except Exception as e:
-        state.note_failure("allocator.capture", e)
-
-
 def _make_merge():
     def make(orig):
         def merge(self, *args, **kwargs):
-            if tracer.pool is _NOOP or not isinstance(self, _leaf_types):
+            if tracer.pool is _NOOP or not _leaf(self):
                 return orig(self, *args, **kwargs)
             try:
                 staged = _staged_slots(self)
@@ -254,20 +263,22 @@ def _make_merge():
 
 # ------------------------------------------------------------------ SWA composite
 def tag_swa(a) -> None:
-    """Tag the leaves of an SWA allocator with their pools (idempotent).
+    """Tag the leaves of an SWA allocator with their pools (idempotent; no-op for others).
 
     Mutates: ``a.full_attn_allocator._kvt_pool``, ``a.swa_attn_allocator._kvt_pool`` and
     ``a._kvt_tagged``.
     """
-    full = a.__dict__.get("full_attn_allocator")
-    swa = a.__dict__.get("swa_attn_allocator")
+    d = a.__dict__
+    if "_kvt_tagged" in d or not _swa_types or not _swa(a):
+        return
+    full, swa = d.get("full_attn_allocator"), d.get("swa_attn_allocator")
     if swa is not None:
-        swa.__dict__["_kvt_pool"] = SWA
+        # ring mode: SWA slots are per request slot, not paged from this leaf
+        swa.__dict__["_kvt_pool"] = None if getattr(a, "_swa_req_ring", False) and swa is not full \
+            else SWA
     if full is not None and full is not swa:
         full.__dict__["_kvt_pool"] = FULL
-    if getattr(a, "_swa_req_ring", False) and swa is not None and swa is not full:
-        swa.__dict__["_kvt_pool"] = None  # ring mode: SWA slots are not paged from this leaf
-    a.__dict__["_kvt_tagged"] = True
+    d["_kvt_tagged"] = True
 
 
 def _make_swa_init():
@@ -286,49 +297,29 @@ def _make_swa_init():
     return make
 
 
-def _make_swa_op(name: str):
-    def make(orig):
-        def swa_op(self, *args, **kwargs):
-            if "_kvt_tagged" not in self.__dict__ and isinstance(self, _swa_types):
-                try:
-                    tag_swa(self)
-                except Exception as e:
-                    state.note_failure("allocator.tag", e)
-            return orig(self, *args, **kwargs)
-
-        return swa_op
-
-    return make
-
-
-def _make_swa_group(kind: str):
-    """SWA-side free-group markers (the full side's leaf emits its own), only for groups that
-    deferred SWA frees; both markers are emitted around the release at ``free_group_end``."""
+def _make_swa_group_end():
+    """Markers around the release of the SWA side's deferred frees (the composite defers them
+    itself; the full side's leaf group frames its own release)."""
 
     def make(orig):
-        def group(self, *args, **kwargs):
-            if tracer.pool is _NOOP or not isinstance(self, _swa_types):
+        def free_group_end(self, *args, **kwargs):
+            if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
-            if "_kvt_tagged" not in self.__dict__:
-                tag_swa(self)
             d = self.__dict__
-            if kind == "group_begin":
-                d["_kvt_group_t0"] = perf_counter_ns()
-                return orig(self, *args, **kwargs)
             swa = d.get("swa_attn_allocator")
-            pool = swa.__dict__.get("_kvt_pool") if swa is not None else None
-            pending = d.get("swa_page_ids_group") or d.get("swa_free_group")
-            emit = pool is not None and bool(pending) and swa is not d.get("full_attn_allocator")
-            if emit:
-                t_open = d.get("_kvt_group_t0")
-                _emit(pool, GROUP_BEGIN, 0, self.page_size,
-                      perf_counter_ns() - t_open if t_open else 0)
+            if swa is None or swa is d.get("full_attn_allocator") or not (
+                    d.get("swa_page_ids_group") or d.get("swa_free_group")):
+                return orig(self, *args, **kwargs)
+            tag_swa(self)
+            pool = swa.__dict__.get("_kvt_pool")
+            if pool is not None:
+                _emit(pool, GROUP_BEGIN, 0, self.page_size, 0)
             out = orig(self, *args, **kwargs)
-            if emit:
+            if pool is not None:
                 _emit(pool, GROUP_END, 0, self.page_size, 0)
             return out
 
-        return group
+        return free_group_end
 
     return make
 
@@ -405,7 +396,8 @@ def _account_req_pool(p, name: str, before: int, dur_ns: int, args, out) -> None
         tracer.pool(REQ, ALLOC_FAIL, rid, 0, 0, dur_ns)
     if name == "clear":
         state.registry.live_reqs.clear()
-        tracer.pool(REQ, CLEAR, rid, max(0, -delta), max(0, -delta), 0)
+        if delta < 0:
+            tracer.pool(REQ, CLEAR, rid, -delta, -delta, 0)
 
 
 # ------------------------------------------------------------------ install
@@ -415,9 +407,9 @@ def install(patcher, lazy: bool = False) -> int:
     Args:
         patcher: the ``Patcher`` recording every patch.
         lazy: only wrap modules already imported (autoload); else import them.
-    Mutates: the sglang allocator classes (through ``patcher``) and this module's type tuples.
+    Mutates: the sglang allocator classes (through ``patcher``) and this module's type caches.
     """
-    global _leaf_types, _swa_types
+    global _leaf_types, _swa_types, _fast_types
     from tracer.sglang.patching import target
 
     base = target("sglang.srt.mem_cache.allocator.base", lazy)
@@ -428,9 +420,8 @@ def install(patcher, lazy: bool = False) -> int:
         Base = base.BaseTokenToKVPoolAllocator
         Token, Paged = token.TokenToKVPoolAllocator, paged.PagedTokenToKVPoolAllocator
         _leaf_types = (Token, Paged)
-        global _fast_types
-        _fast_types = frozenset(
-            c for c in (Token, Paged) if "available_size" in c.__dict__ or c is Token)
+        _fast_types = frozenset((Token, Paged))
+        _is_leaf.clear()
         for name, kind in LEAF_METHODS.items():
             for cls in (Base, Token, Paged):
                 n += patcher.wrap_method(cls, name, _make_leaf(kind, name))
@@ -445,11 +436,9 @@ def install(patcher, lazy: bool = False) -> int:
     if swa is not None:
         S = swa.SWATokenToKVPoolAllocator
         _swa_types = (S,)
+        _is_swa.clear()
         n += patcher.wrap_method(S, "__init__", _make_swa_init())
-        for name in SWA_METHODS:
-            n += patcher.wrap_method(S, name, _make_swa_op(name))
-        n += patcher.wrap_method(S, "free_group_begin", _make_swa_group("group_begin"))
-        n += patcher.wrap_method(S, "free_group_end", _make_swa_group("group_end"))
+        n += patcher.wrap_method(S, "free_group_end", _make_swa_group_end())
     mp = target("sglang.srt.mem_cache.memory_pool", lazy)
     if mp is not None:
         for name in ("alloc", "alloc_rows", "free", "free_rows", "clear"):

@@ -56,8 +56,11 @@ def _make_init():
         def init(self, *args, **kwargs):
             orig(self, *args, **kwargs)
             try:
+                from tracer.sglang.allocators import tag_swa
+
                 state.registry.tree = self
                 state.registry.allocator = self.token_to_kv_pool_allocator
+                tag_swa(self.token_to_kv_pool_allocator)
                 state.touch("tree")
             except Exception as e:
                 state.note_failure("radix.init", e)

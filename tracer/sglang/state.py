@@ -138,7 +138,9 @@ class Registry:
         self._tree = None
         self._allocator = None
         self.host_pools: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
-        self.live_reqs: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+        # id(req) -> Req holding a request row (strong: the row holds it alive anyway; removed
+        # by ReqToTokenPool.free/clear)
+        self.live_reqs: dict[int, object] = {}
         self.scheduler = None
 
     @property

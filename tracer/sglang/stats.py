@@ -45,41 +45,74 @@ FULL, SWA, HOST_FULL, HOST_SWA = int(Pool.FULL), int(Pool.SWA), int(Pool.HOST_FU
 IDLE, PREFILL, DECODE, MIXED = int(Mode.IDLE), int(Mode.PREFILL), int(Mode.DECODE), int(Mode.MIXED)
 
 _helpers: dict = {}
+_last_sample = [0]  # perf_counter_ns of the last stats sample
 
 
-def _private_tokens(kv, ps: int) -> int:
-    f = _helpers.get("full")
-    if f is not None:
-        return f(kv, ps)
-    return -(-kv.kv_allocated_len // ps) * ps - kv.cache_protected_len
+def _env_ms(name: str, default: float) -> int:
+    try:
+        return int(float(os.environ.get(name, default)) * 1e6)
+    except ValueError:
+        return int(default * 1e6)
 
 
-def _private_swa_tokens(kv, ps: int) -> int:
-    f = _helpers.get("swa")
-    if f is not None:
-        return f(kv, ps)
-    return _private_tokens(kv, ps)
+# Sampling cadence (``configure``; env defaults): stats rows are written at a step boundary when
+# something changed since the last sample (a pool, the tree's ledger, a request's KV) and at least
+# ``stats_interval_ms`` passed (0: at every such step; < 0: at every step, changed or not). Idle
+# steps write their step row at most once per ``idle_sample_ms``.
+_cfg = {"interval_ns": _env_ms("KVTRACE_STATS_INTERVAL_MS", 10.0),
+        "idle_ns": _env_ms("KVTRACE_IDLE_SAMPLE_MS", 1000.0)}
+
+
+def configure(*, stats_interval_ms: float | None = None, idle_sample_ms: float | None = None) -> dict:
+    """Set the sampling cadence; returns the settings in force (ms).
+
+    Args:
+        stats_interval_ms: minimum wall time between ``stats`` samples (default 10, env
+            ``KVTRACE_STATS_INTERVAL_MS``); 0 samples at every step where something changed,
+            a negative value at every step.
+        idle_sample_ms: minimum wall time between two idle ``step`` rows (default 1000).
+    """
+    if stats_interval_ms is not None:
+        _cfg["interval_ns"] = int(stats_interval_ms * 1e6)
+    if idle_sample_ms is not None:
+        _cfg["idle_ns"] = int(idle_sample_ms * 1e6)
+    return {"stats_interval_ms": _cfg["interval_ns"] / 1e6, "idle_sample_ms": _cfg["idle_ns"] / 1e6}
 
 
 def held_tokens(tree, ps: int, swa: bool) -> tuple[int, int]:
-    """(full, swa) request-private tokens: KV rows of live requests and sessions."""
-    session_kvs = {}
+    """(full, swa) request-private tokens: KV rows of live requests and sessions.
+
+    Per row, the full side is the page-ceiled allocated length minus the protected prefix
+    (sglang's ``kv_private_tokens``, inlined: it runs for every request at every sample); the
+    SWA side additionally subtracts the freed out-of-window range, via sglang's own
+    ``kv_private_swa_tokens`` for the rows that have freed any.
+    """
+    kvs = []
     if tree is not None:
         try:
-            session_kvs = {id(kv): kv for kv in tree.session_records().values() if kv.holds_kv}
+            recs = tree.session_records()
+            if recs:
+                kvs = [kv for kv in recs.values() if kv.req_pool_idx is not None]
         except Exception:
-            session_kvs = {}
-    kvs = list(session_kvs.values())
+            pass
+    session_ids = {id(kv) for kv in kvs}
     for r in list(state.registry.live_reqs.values()):
-        kv = getattr(r, "kv", None)
-        if kv is not None and kv.holds_kv and id(kv) not in session_kvs:
+        kv = r.kv
+        if kv.req_pool_idx is not None and id(kv) not in session_ids:
             kvs.append(kv)
-    full = sum(_private_tokens(kv, ps) for kv in kvs)
-    swa_held = 0
-    if swa:
-        swa_held = sum(_private_swa_tokens(kv, ps) for kv in kvs)
-        if tree is not None:
-            swa_held += int(tree.swa_transient_size())
+    full = swa_held = 0
+    swa_ct = _helpers.get("swa_ct")
+    swa_fn = _helpers.get("swa")
+    for kv in kvs:
+        own = -(-kv.kv_allocated_len // ps) * ps - kv.cache_protected_len
+        full += own
+        if swa:
+            if swa_fn is not None and kv.component_evicted_seqlens.get(swa_ct):
+                swa_held += swa_fn(kv, ps)
+            else:
+                swa_held += own
+    if swa and tree is not None:
+        swa_held += int(tree.swa_transient_size())
     return full, swa_held
 
 
@@ -173,9 +206,12 @@ def step(mode: int, batch_size: int = 0, num_tokens: int = 0, step_ns: int = 0,
         fct = state.step_clock.forward_ct + 1 if forward_ct is None else int(forward_ct)
         state.step_clock.forward_ct = fct
         tracer.sched(STEP, fct, int(mode), int(batch_size), int(num_tokens), int(step_ns))
-        if stats and (state.dirty[0] or _EVERY_STEP):
-            state.dirty[0] = False
-            _sample(fct)
+        if stats and (state.dirty[0] or _cfg["interval_ns"] < 0):
+            now = perf_counter_ns()
+            if _cfg["interval_ns"] <= 0 or now - _last_sample[0] >= _cfg["interval_ns"]:
+                _last_sample[0] = now
+                state.dirty[0] = False
+                _sample(fct)
         tracer.tick()
     except Exception as e:
         state.note_failure("stats.step", e)
@@ -212,10 +248,6 @@ class _LoopState:
 
 
 _loop = _LoopState()
-# KVTRACE_STATS=step: a stats sample at every step; default "change": only at steps after which
-# a pool, the tree's ledger or a request's KV changed (an unchanged step repeats the last sample).
-_EVERY_STEP = os.environ.get("KVTRACE_STATS", "change") == "step"
-_IDLE_SAMPLE_NS = int(float(os.environ.get("KVTRACE_IDLE_SAMPLE_MS", "1000")) * 1e6)
 
 
 def boundary(forward_ct: int | None = None) -> None:
@@ -225,7 +257,7 @@ def boundary(forward_ct: int | None = None) -> None:
     lp = _loop
     now = perf_counter_ns()
     idle = lp.mode == IDLE
-    if idle and lp.last_idle_emit and now - lp.last_idle_emit < _IDLE_SAMPLE_NS:
+    if idle and lp.last_idle_emit and now - lp.last_idle_emit < _cfg["idle_ns"]:
         tracer.tick()
     else:
         lp.last_idle_emit = now if idle else 0
@@ -241,6 +273,9 @@ def _adopt(tree, alloc) -> None:
         reg.tree = tree
     if alloc is not None and reg.allocator is not alloc:
         reg.allocator = alloc
+        from tracer.sglang.allocators import tag_swa
+
+        tag_swa(alloc)
 
 
 def _make_prepare(mode: int):
@@ -327,7 +362,8 @@ def install(patcher, lazy: bool = False) -> int:
     n = 0
     pso = target("sglang.srt.managers.scheduler_components.pool_stats_observer", lazy)
     if pso is not None:
-        _helpers["full"], _helpers["swa"] = pso.kv_private_tokens, pso.kv_private_swa_tokens
+        _helpers["swa"] = pso.kv_private_swa_tokens
+        _helpers["swa_ct"] = pso.ComponentType.SWA
         n += patcher.wrap_method(pso.SchedulerPoolStatsObserver, "get_pool_stats",
                                  _make_get_pool_stats())
     sb = target("sglang.srt.managers.schedule_batch", lazy)
