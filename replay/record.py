@@ -24,7 +24,13 @@ BACKENDS = ("sglang",)
 
 
 class _TraceObserver:
-    """Writes the finish rows no real method produces (requests refused without KV)."""
+    """Sets the trace clock to the loop's virtual clock at each step and writes the finish rows
+    no real method produces (requests refused without KV)."""
+
+    def on_step_begin(self, clock_ns: int) -> None:
+        import tracer
+
+        tracer.set_clock(clock_ns)
 
     def on_arrival(self, wreq, clock_ns: int) -> None:
         return None  # the Req.__init__ hook writes the arrival row
@@ -88,7 +94,7 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
         tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
                      hash_block_tokens=wl.hash_block_tokens, env=env, detail=detail,
-                     flush_interval_ms=flush_interval_ms)
+                     flush_interval_ms=flush_interval_ms, clock="manual")
         try:
             with SglangBackend(wl, settings, observer=_TraceObserver(), debug_memory_pool=False,
                                check_integrity_every=check_integrity_every) as be:

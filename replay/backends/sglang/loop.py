@@ -88,6 +88,9 @@ class LoopObserver(Protocol):
     def on_finish(self, wreq: WorkloadRequest, req: Any, clock_ns: int, reason: str) -> None:
         """``reason``: one of :data:`FINISH_REASONS`."""
 
+    def on_step_begin(self, clock_ns: int) -> None:
+        """Called before anything of a step runs, with the virtual clock."""
+
     def on_step(self, step: StepRecord, backend: SglangBackend) -> None: ...
 
 
@@ -206,6 +209,9 @@ class SglangBackend(SchedulerMirror):
         """One scheduler iteration (see the module docstring). Returns its record."""
         t0 = perf_counter_ns()
         rt = self.rt
+        begin = getattr(self.observer, "on_step_begin", None)
+        if begin is not None:
+            begin(self.clock_ns)
         if rt.tree.cache_controller is not None:
             rt.tree.check_hicache_events()
         self._admit_arrivals()
