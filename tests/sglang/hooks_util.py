@@ -9,6 +9,8 @@ from replay.trace import open_trace
 
 def _col(table, name):
     col = table.column(name)
+    if hasattr(col.type, "list_size") or str(col.type).startswith("list"):
+        return col.to_pylist()
     if hasattr(col.type, "value_type"):  # dictionary-encoded enum strings
         col = col.cast(col.type.value_type)
     return np.asarray(col.to_pylist() if col.type == "string" else col.to_numpy())
@@ -62,3 +64,22 @@ def identity_mismatches(trace_dir, rank: int = 0) -> tuple[int, list[str]]:
            f" (a={cols['available'][i]} e={cols['evictable'][i]} p={cols['protected'][i]} h={cols['held'][i]})"
            for i in np.flatnonzero(total != cols["capacity"])]
     return len(total), bad
+
+
+def ledger(trace_dir, rank: int = 0) -> dict[str, int]:
+    """sum(alloc) - sum(free) of num_slots per pool over the whole trace rank."""
+    t = open_trace(trace_dir).table("pool", rank)
+    out: dict[str, int] = {}
+    for p, o, n in zip(_col(t, "pool"), _col(t, "op"), _col(t, "num_slots")):
+        if o in ("alloc", "free"):
+            out[str(p)] = out.get(str(p), 0) + (int(n) if o == "alloc" else -int(n))
+    return out
+
+
+def rows(trace_dir, family: str, rank: int = 0) -> list[dict]:
+    """All rows of a family as dicts, in seq order (enum columns as their names)."""
+    t = open_trace(trace_dir).table(family, rank)
+    cols = {c: _col(t, c) for c in t.column_names}
+    out = [{c: (v[i].item() if hasattr(v[i], "item") else v[i]) for c, v in cols.items()}
+           for i in range(t.num_rows)]
+    return sorted(out, key=lambda r: r["seq"])

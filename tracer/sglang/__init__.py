@@ -28,6 +28,16 @@ from tracer.sglang.hooks import (  # noqa: F401
     uninstall,
 )
 from tracer.sglang.state import failures  # noqa: F401
+
+
+def autoload_boot_names() -> frozenset:
+    """Module names the autoload watcher (``autoload_boot.py``) waits for."""
+    from pathlib import Path
+
+    ns: dict = {"__name__": "kvtrace_autoload_boot_names"}
+    src = Path(__file__).with_name("autoload_boot.py").read_text()
+    exec(compile(src.split("def _kvtrace_arm")[0], "autoload_boot.py", "exec"), ns)
+    return ns["WATCHED"]
 from tracer.sglang.stats import configure, sample, step  # noqa: F401
 
 __all__ = ["install", "uninstall", "is_installed", "step", "sample", "configure", "failures",

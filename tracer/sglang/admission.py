@@ -138,6 +138,14 @@ def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out,
     else:
         got = 0
         name = getattr(out, "name", "")
+        # Dedupe on cheap values first: the same request waiting for the same outcome of the
+        # same budget check gets one row (reading the budgets costs tree and allocator calls).
+        key = (name, can_admit, prefix0, requested)
+        if _last_reject.get(rid) == key:
+            return
+        _last_reject[rid] = key
+        if len(_last_reject) > 65536:
+            _last_reject.clear()
         if chunked:
             verdict = V_NO_TOKEN
         elif name == "NO_TOKEN" and budget is not None and not can_admit and hasattr(
@@ -147,12 +155,6 @@ def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out,
             verdict = V_NO_TOKEN
         else:
             verdict = V_OTHER
-        key = (verdict, prefix0, requested)
-        if _last_reject.get(rid) == key:
-            return  # the same request waiting for the same reason: one row per change
-        _last_reject[rid] = key
-        if len(_last_reject) > 65536:
-            _last_reject.clear()
     rem_total, rem_swa = _budgets(adder)
     tracer.sched(ADMIT, state.step_clock.forward_ct, 0, 0, 0, 0, rid, prefix0, requested,
                  host_hit, requested, got, verdict, rem_total, rem_swa, _swa_needed(budget, kw))

@@ -14,9 +14,12 @@ it is never measured itself, so nothing is counted twice. Its constructor tags i
 counts as ``full`` until the stats sampler or the tree adopts its composite and tags it.
 
 Free groups: a free inside a group changes nothing and leaves no row; the group's release at
-``free_group_end`` is measured like any other free. A group that released something is framed by
-``free_group_begin`` / ``free_group_end`` marker rows around its release rows (empty groups, most
-decode steps, leave no rows; the begin marker's ``dur_ns`` is 0).
+``free_group_end`` reaches the leaves' ``free`` / ``_release_page_ids`` and is measured like any
+other free. On the SWA composite (the hybrid models this toolkit is about), a group that released
+something is framed by ``free_group_begin`` / ``free_group_end`` marker rows, per pool, around its
+release rows; empty groups (most decode steps) leave no rows. A plain allocator's group release
+shows as free rows without markers (wrapping every leaf's group end would cost a call per group
+on the hot path of SWA models too).
 
 ``ReqToTokenPool`` rows (pool ``req_to_token``) count request rows and tell the stats sampler
 which requests hold KV.
@@ -52,7 +55,6 @@ LEAF_METHODS: dict[str, str] = {
     "free_full_segment": "free",
     "free_full_segments": "free",
     "_release_page_ids": "free",
-    "free_group_end": "group_end",
     "clear": "clear",
     "resize": "clear",
 }
@@ -187,32 +189,33 @@ def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, ou
 
 
 def _make_leaf(kind: str, name: str):
+    """Wrapper factory for one leaf method. The common case (counts detail, token/paged leaf,
+    not a group end or clear) is inlined: in the scheduler's hot loop every extra Python call
+    costs about a microsecond."""
+    simple = kind in ("alloc", "free")
+
     def make(orig):
         def leaf_op(self, *args, **kwargs):
             if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
             d = self.__dict__
-            if d.get("_kvt_busy") or not _leaf(self):
-                cap = d.get("_kvt_cap")
-                if cap is not None:  # detail=pages: collect the ids actually released
-                    _capture_inner(self, name, args, cap)
+            if d.get("_kvt_busy"):
+                if "_kvt_cap" in d:  # detail=pages: collect the ids actually released
+                    _capture_inner(self, name, args, d["_kvt_cap"])
                 return orig(self, *args, **kwargs)
-            group = kind == "group_end"
-            if group:
-                if not (d.get("free_group") or d.get("free_page_ids_group")):
-                    return orig(self, *args, **kwargs)  # an empty group releases nothing
-                pool = d.get("_kvt_pool", FULL)
-                if pool is not None:
-                    _emit(pool, GROUP_BEGIN, 0, d["page_size"], 0)
-            try:
-                before = _available(self)
-            except Exception:  # under construction (free list not built yet)
+            if tracer._active is not _pm[0]:
+                _pages_mode()
+            if not simple or _pm[1] or type(self) not in _fast_types:
+                return _general(self, orig, kind, name, args, kwargs)
+            fp = d.get("free_pages")
+            if fp is None:  # under construction
                 return orig(self, *args, **kwargs)
-            fp0 = cap = None
-            if _pm[1] or _pages_mode():
-                fp0 = d.get("free_pages") if kind == "alloc" else None
-                cap = d["_kvt_cap"] = []
-                _capture_inner(self, name, args, cap)
+            staged = d.get("num_staged_pages")
+            if staged is None:
+                before = fp.shape[0] + d["release_pages"].shape[0]
+            else:
+                before = (fp.shape[0] + staged) * d["page_size"]
+            fp = None  # never keep the old free list alive across the call
             d["_kvt_busy"] = True
             out = None
             t0 = perf_counter_ns()
@@ -222,12 +225,14 @@ def _make_leaf(kind: str, name: str):
             finally:
                 dur = perf_counter_ns() - t0
                 d["_kvt_busy"] = False
-                if cap is not None:
-                    d.pop("_kvt_cap", None)
                 try:
-                    _account(self, kind, name, before, dur, args, kwargs, out, fp0, cap)
-                    if group and pool is not None:
-                        _emit(pool, GROUP_END, 0, d["page_size"], 0)
+                    fp = d["free_pages"]
+                    if staged is None:
+                        delta = before - fp.shape[0] - d["release_pages"].shape[0]
+                    else:
+                        delta = before - (fp.shape[0] + d["num_staged_pages"]) * d["page_size"]
+                    if delta or (out is None and kind == "alloc"):
+                        _account_delta(self, kind, name, delta, dur, args, kwargs)
                 except Exception as e:
                     state.note_failure(f"allocator.{name}", e)
 
@@ -236,10 +241,61 @@ def _make_leaf(kind: str, name: str):
     return make
 
 
+def _account_delta(a, kind: str, name: str, delta: int, dur_ns: int, args, kwargs) -> None:
+    pool = a.__dict__.get("_kvt_pool", FULL)
+    if pool is None:
+        return
+    ps = a.page_size
+    if delta > 0:
+        _emit(pool, ALLOC, delta, ps, dur_ns)
+    elif delta < 0:
+        _emit(pool, FREE, -delta, ps, dur_ns)
+    else:
+        _emit(pool, ALLOC_FAIL, _requested_slots(name, args, kwargs), ps, dur_ns)
+
+
+def _general(self, orig, kind: str, name: str, args, kwargs):
+    """Every other case: group ends (markers), clears, detail=pages, other leaf subclasses."""
+    d = self.__dict__
+    group = kind == "group_end"
+    pool = d.get("_kvt_pool", FULL)
+    if group:
+        if not (d.get("free_group") or d.get("free_page_ids_group")):
+            return orig(self, *args, **kwargs)  # an empty group releases nothing
+        if pool is not None:
+            _emit(pool, GROUP_BEGIN, 0, d["page_size"], 0)
+    try:
+        before = _available(self)
+    except Exception:  # under construction (free list not built yet)
+        return orig(self, *args, **kwargs)
+    fp0 = cap = None
+    if _pm[1]:
+        fp0 = d.get("free_pages") if kind == "alloc" else None
+        cap = d["_kvt_cap"] = []
+        _capture_inner(self, name, args, cap)
+    d["_kvt_busy"] = True
+    out = None
+    t0 = perf_counter_ns()
+    try:
+        out = orig(self, *args, **kwargs)
+        return out
+    finally:
+        dur = perf_counter_ns() - t0
+        d["_kvt_busy"] = False
+        if cap is not None:
+            d.pop("_kvt_cap", None)
+        try:
+            _account(self, kind, name, before, dur, args, kwargs, out, fp0, cap)
+            if group and pool is not None:
+                _emit(pool, GROUP_END, 0, d["page_size"], 0)
+        except Exception as e:
+            state.note_failure(f"allocator.{name}", e)
+
+
 def _make_merge():
     def make(orig):
         def merge(self, *args, **kwargs):
-            if tracer.pool is _NOOP or not _leaf(self):
+            if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
             try:
                 staged = _staged_slots(self)
@@ -298,26 +354,35 @@ def _make_swa_init():
 
 
 def _make_swa_group_end():
-    """Markers around the release of the SWA side's deferred frees (the composite defers them
-    itself; the full side's leaf group frames its own release)."""
+    """Markers around a group's release, for each pool that had deferred frees: the full leaf's
+    own group and the SWA side the composite defers itself. The release rows in between come
+    from the leaves' ``free`` / ``_release_page_ids`` hooks like any other free."""
 
     def make(orig):
         def free_group_end(self, *args, **kwargs):
             if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
             d = self.__dict__
-            swa = d.get("swa_attn_allocator")
-            if swa is None or swa is d.get("full_attn_allocator") or not (
+            full, swa = d.get("full_attn_allocator"), d.get("swa_attn_allocator")
+            fd = full.__dict__ if full is not None else {}
+            pools = []
+            if fd.get("free_group") or fd.get("free_page_ids_group"):
+                pools.append(fd.get("_kvt_pool", FULL))
+            if swa is not None and swa is not full and (
                     d.get("swa_page_ids_group") or d.get("swa_free_group")):
+                pools.append(swa.__dict__.get("_kvt_pool", SWA))
+            pools = [p for p in pools if p is not None]
+            if not pools:
                 return orig(self, *args, **kwargs)
             tag_swa(self)
-            pool = swa.__dict__.get("_kvt_pool")
-            if pool is not None:
-                _emit(pool, GROUP_BEGIN, 0, self.page_size, 0)
-            out = orig(self, *args, **kwargs)
-            if pool is not None:
-                _emit(pool, GROUP_END, 0, self.page_size, 0)
-            return out
+            ps = self.page_size
+            for p in pools:
+                _emit(p, GROUP_BEGIN, 0, ps, 0)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                for p in pools:
+                    _emit(p, GROUP_END, 0, ps, 0)
 
         return free_group_end
 
@@ -422,16 +487,18 @@ def install(patcher, lazy: bool = False) -> int:
         _leaf_types = (Token, Paged)
         _fast_types = frozenset((Token, Paged))
         _is_leaf.clear()
+        # Wrapped on the leaf classes only (inherited base methods are added to each leaf), so
+        # the SWA composite's calls into the base class run unwrapped.
         for name, kind in LEAF_METHODS.items():
-            for cls in (Base, Token, Paged):
-                n += patcher.wrap_method(cls, name, _make_leaf(kind, name))
-            # Subclasses of the leaves that override (e.g. the NPU paged allocator) are leaves.
             for leaf in _leaf_types:
+                if hasattr(leaf, name):
+                    n += patcher.wrap_inherited(leaf, name, _make_leaf(kind, name))
+                # Subclasses that override (e.g. the NPU paged allocator) are leaves too.
                 n += patcher.wrap_method_tree(leaf, name, _make_leaf(kind, name))
-        for cls in (Base, Token, Paged):
-            n += patcher.wrap_method(cls, "merge_and_sort_free", _make_merge())
         for leaf in _leaf_types:
+            n += patcher.wrap_inherited(leaf, "merge_and_sort_free", _make_merge())
             n += patcher.wrap_method(leaf, "__init__", _make_leaf_init())
+        del Base
     swa = target("sglang.srt.mem_cache.allocator.swa", lazy)
     if swa is not None:
         S = swa.SWATokenToKVPoolAllocator

@@ -17,11 +17,14 @@ import sys
 from dataclasses import dataclass
 
 
+_ABSENT = object()  # "original" of an attribute the patch added (restore deletes it)
+
+
 @dataclass
 class _Patch:
     owner: object  # class or module
     name: str
-    original: object  # the raw __dict__ entry (function, staticmethod, ...)
+    original: object  # the raw __dict__ entry (function, staticmethod, ...) or _ABSENT
     replacement: object
 
 
@@ -81,6 +84,27 @@ class Patcher:
         self._record(cls, name, raw, replacement)
         return True
 
+    def wrap_inherited(self, cls, name: str, make) -> bool:
+        """Wrap ``cls.<name>`` where ``cls`` inherits it: the wrapper is added to ``cls`` only, so
+        the base class (and its other subclasses, e.g. a composite) keep the unwrapped method.
+        ``restore()`` deletes the added attribute. Falls back to ``wrap_method`` when ``cls``
+        defines ``name`` itself.
+        """
+        if name in cls.__dict__:
+            return self.wrap_method(cls, name, make)
+        if self.is_patched(cls, name):
+            return False
+        func = getattr(cls, name, None)
+        if func is None or not callable(func) or isinstance(
+                next((c.__dict__[name] for c in cls.__mro__ if name in c.__dict__), None),
+                (staticmethod, classmethod)):
+            return False
+        wrapper = make(func)
+        functools.update_wrapper(wrapper, func)
+        setattr(cls, name, wrapper)
+        self._record(cls, name, _ABSENT, wrapper)
+        return True
+
     def wrap_method_tree(self, base, name: str, make) -> int:
         """Wrap ``name`` on ``base`` and on every subclass that overrides it. Returns count."""
         return sum(self.wrap_method(c, name, make) for c in _subclasses(base))
@@ -111,8 +135,9 @@ class Patcher:
         self._keys.add((id(owner), name))
 
     def originals(self) -> list[tuple[object, str, object]]:
-        """(owner, name, original) of every patch, in patch order."""
-        return [(p.owner, p.name, p.original) for p in self._patches]
+        """(owner, name, original) of every patch, in patch order (original None: added)."""
+        return [(p.owner, p.name, None if p.original is _ABSENT else p.original)
+                for p in self._patches]
 
     def restore(self) -> int:
         """Undo every patch in reverse order; returns how many were undone.
@@ -123,7 +148,10 @@ class Patcher:
         for p in reversed(self._patches):
             try:
                 if p.owner.__dict__.get(p.name) is p.replacement:
-                    setattr(p.owner, p.name, p.original)
+                    if p.original is _ABSENT:
+                        delattr(p.owner, p.name)
+                    else:
+                        setattr(p.owner, p.name, p.original)
                     n += 1
             except Exception:
                 pass

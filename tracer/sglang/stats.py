@@ -212,7 +212,7 @@ def step(mode: int, batch_size: int = 0, num_tokens: int = 0, step_ns: int = 0,
                 _last_sample[0] = now
                 state.dirty[0] = False
                 _sample(fct)
-        tracer.tick()
+        # (the sched row above already refreshed the step clock, like tracer.tick())
     except Exception as e:
         state.note_failure("stats.step", e)
     if state.manifest_pending[0]:
@@ -235,6 +235,7 @@ class _LoopState:
         self.num_tokens = 0
         self.last_idle_emit = 0
         self.scheduler_driven = False  # a real Scheduler loop drives the boundaries
+        self.observer = 0  # id() of the stats observer last adopted (slots: no weakref)
 
     def note_batch(self, mode: int, batch_size: int, num_tokens: int) -> None:
         if self.t0 == 0:
@@ -304,7 +305,9 @@ def _make_get_pool_stats():
         def get_pool_stats(self, *args, **kwargs):
             if tracer.pool is not _NOOP and not _loop.scheduler_driven:
                 try:
-                    _adopt(self.tree_cache, self.token_to_kv_pool_allocator)
+                    if id(self) != _loop.observer or state.registry.tree is None:
+                        _loop.observer = id(self)
+                        _adopt(self.tree_cache, self.token_to_kv_pool_allocator)
                     boundary()
                 except Exception as e:
                     state.note_failure("stats.get_pool_stats", e)
