@@ -342,6 +342,7 @@ def _make_swa_init():
         def init(self, *args, **kwargs):
             orig(self, *args, **kwargs)
             try:
+                self.__dict__.pop("_kvt_tagged", None)  # a subclass may rebuild its leaves
                 tag_swa(self)
                 state.registry.allocator = self
                 state.touch("allocator")
@@ -504,7 +505,8 @@ def install(patcher, lazy: bool = False) -> int:
         S = swa.SWATokenToKVPoolAllocator
         _swa_types = (S,)
         _is_swa.clear()
-        n += patcher.wrap_method(S, "__init__", _make_swa_init())
+        # PureSWA and other SWA subclasses have their own constructors: tag after each
+        n += patcher.wrap_method_tree(S, "__init__", _make_swa_init())
         n += patcher.wrap_method(S, "free_group_end", _make_swa_group_end())
     mp = target("sglang.srt.mem_cache.memory_pool", lazy)
     if mp is not None:
