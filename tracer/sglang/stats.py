@@ -236,8 +236,16 @@ class _LoopState:
         self.last_idle_emit = 0
         self.scheduler_driven = False  # a real Scheduler loop drives the boundaries
         self.observer = 0  # id() of the stats observer last adopted (slots: no weakref)
+        self.rec = None  # the recording this state belongs to (reset for a new one)
+
+    def fresh(self) -> None:
+        """Forget the previous recording's loop state when a new recording started."""
+        if self.rec is not tracer._active:
+            self.__init__()
+            self.rec = tracer._active
 
     def note_batch(self, mode: int, batch_size: int, num_tokens: int) -> None:
+        self.fresh()
         if self.t0 == 0:
             self.t0 = perf_counter_ns()
         if self.mode == PREFILL and mode == DECODE or self.mode == MIXED:
@@ -256,9 +264,12 @@ def boundary(forward_ct: int | None = None) -> None:
     wall time since the previous boundary) and the ``stats`` rows. Idle steps are sampled at
     most once per ``KVTRACE_IDLE_SAMPLE_MS``."""
     lp = _loop
+    lp.fresh()
     now = perf_counter_ns()
     idle = lp.mode == IDLE
-    if idle and lp.last_idle_emit and now - lp.last_idle_emit < _cfg["idle_ns"]:
+    if idle and not lp.t0:  # the first boundary: no step before it
+        pass
+    elif idle and lp.last_idle_emit and now - lp.last_idle_emit < _cfg["idle_ns"]:
         tracer.tick()
     else:
         lp.last_idle_emit = now if idle else 0
@@ -305,6 +316,7 @@ def _make_get_pool_stats():
         def get_pool_stats(self, *args, **kwargs):
             if tracer.pool is not _NOOP and not _loop.scheduler_driven:
                 try:
+                    _loop.fresh()
                     if id(self) != _loop.observer or state.registry.tree is None:
                         _loop.observer = id(self)
                         _adopt(self.tree_cache, self.token_to_kv_pool_allocator)
@@ -325,6 +337,7 @@ def _make_get_next_batch():
         def get_next_batch_to_run(self, *args, **kwargs):
             if tracer.pool is not _NOOP:
                 try:
+                    _loop.fresh()
                     _loop.scheduler_driven = True
                     _adopt(getattr(self, "tree_cache", None),
                            getattr(self, "token_to_kv_pool_allocator", None))
