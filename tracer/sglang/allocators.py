@@ -93,8 +93,8 @@ def _available(a) -> int:
     d = a.__dict__
     staged = d.get("num_staged_pages")
     if staged is not None:  # paged
-        return (d["free_pages"].shape[0] + staged) * d["page_size"]
-    return d["free_pages"].shape[0] + d["release_pages"].shape[0]
+        return (d["free_pages"].numel() + staged) * d["page_size"]
+    return d["free_pages"].numel() + d["release_pages"].numel()
 
 
 def _pages_mode() -> bool:
@@ -210,11 +210,11 @@ def _make_leaf(kind: str, name: str):
             fp = d.get("free_pages")
             if fp is None:  # under construction
                 return orig(self, *args, **kwargs)
-            staged = d.get("num_staged_pages")
+            staged = d.get("num_staged_pages")  # numel(): the cheapest size of a 1-D tensor
             if staged is None:
-                before = fp.shape[0] + d["release_pages"].shape[0]
+                before = fp.numel() + d["release_pages"].numel()
             else:
-                before = (fp.shape[0] + staged) * d["page_size"]
+                before = (fp.numel() + staged) * d["page_size"]
             fp = None  # never keep the old free list alive across the call
             d["_kvt_busy"] = True
             out = None
@@ -228,10 +228,18 @@ def _make_leaf(kind: str, name: str):
                 try:
                     fp = d["free_pages"]
                     if staged is None:
-                        delta = before - fp.shape[0] - d["release_pages"].shape[0]
+                        delta = before - fp.numel() - d["release_pages"].numel()
                     else:
-                        delta = before - (fp.shape[0] + d["num_staged_pages"]) * d["page_size"]
-                    if delta or (out is None and kind == "alloc"):
+                        delta = before - (fp.numel() + d["num_staged_pages"]) * d["page_size"]
+                    if delta:
+                        pool = d.get("_kvt_pool", FULL)
+                        if pool is not None:
+                            state.dirty[0] = True
+                            ps = d["page_size"]
+                            n = delta if delta > 0 else -delta
+                            tracer.pool(pool, ALLOC if delta > 0 else FREE, state.cur_rid[0], n,
+                                        n // ps, dur)
+                    elif out is None and kind == "alloc":
                         _account_delta(self, kind, name, delta, dur, args, kwargs)
                 except Exception as e:
                     state.note_failure(f"allocator.{name}", e)
