@@ -207,15 +207,14 @@ def _make_leaf(kind: str, name: str):
                 _pages_mode()
             if not simple or _pm[1] or type(self) not in _fast_types:
                 return _general(self, orig, kind, name, args, kwargs)
-            fp = d.get("free_pages")
-            if fp is None:  # under construction
+            try:
+                staged = d.get("num_staged_pages")  # numel(): the cheapest size of a 1-D tensor
+                if staged is None:
+                    before = d["free_pages"].numel() + d["release_pages"].numel()
+                else:
+                    before = (d["free_pages"].numel() + staged) * d["page_size"]
+            except Exception:  # under construction (free list not built yet)
                 return orig(self, *args, **kwargs)
-            staged = d.get("num_staged_pages")  # numel(): the cheapest size of a 1-D tensor
-            if staged is None:
-                before = fp.numel() + d["release_pages"].numel()
-            else:
-                before = (fp.numel() + staged) * d["page_size"]
-            fp = None  # never keep the old free list alive across the call
             d["_kvt_busy"] = True
             out = None
             t0 = perf_counter_ns()
@@ -371,27 +370,38 @@ def _make_swa_group_end():
         def free_group_end(self, *args, **kwargs):
             if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
-            d = self.__dict__
-            full, swa = d.get("full_attn_allocator"), d.get("swa_attn_allocator")
-            fd = full.__dict__ if full is not None else {}
-            pools = []
-            if fd.get("free_group") or fd.get("free_page_ids_group"):
-                pools.append(fd.get("_kvt_pool", FULL))
-            if swa is not None and swa is not full and (
-                    d.get("swa_page_ids_group") or d.get("swa_free_group")):
-                pools.append(swa.__dict__.get("_kvt_pool", SWA))
-            pools = [p for p in pools if p is not None]
+            try:
+                d = self.__dict__
+                full = d.get("full_attn_allocator")
+                fd = full.__dict__ if full is not None else d
+                full_pending = fd.get("free_group") or fd.get("free_page_ids_group")
+                swa_pending = d.get("swa_page_ids_group") or d.get("swa_free_group")
+                if not (full_pending or swa_pending):  # most groups: nothing deferred
+                    return orig(self, *args, **kwargs)
+                swa = d.get("swa_attn_allocator")
+                tag_swa(self)
+                pools = []
+                if full_pending:
+                    pools.append(fd.get("_kvt_pool", FULL))
+                if swa_pending and swa is not None and swa is not full:
+                    pools.append(swa.__dict__.get("_kvt_pool", SWA))
+                pools = [p for p in pools if p is not None]
+                ps = self.page_size
+                for p in pools:
+                    _emit(p, GROUP_BEGIN, 0, ps, 0)
+            except Exception as e:
+                state.note_failure("allocator.swa_group_end", e)
+                return orig(self, *args, **kwargs)
             if not pools:
                 return orig(self, *args, **kwargs)
-            tag_swa(self)
-            ps = self.page_size
-            for p in pools:
-                _emit(p, GROUP_BEGIN, 0, ps, 0)
             try:
                 return orig(self, *args, **kwargs)
             finally:
-                for p in pools:
-                    _emit(p, GROUP_END, 0, ps, 0)
+                try:
+                    for p in pools:
+                        _emit(p, GROUP_END, 0, ps, 0)
+                except Exception as e:
+                    state.note_failure("allocator.swa_group_end", e)
 
         return free_group_end
 

@@ -69,7 +69,10 @@ def rid_for(rid_str) -> int:
     """Small int for a server request id (assigned on first sight, stable until ``forget``)."""
     if rid_str is None:
         return -1
-    r = _rids.get(rid_str)
+    try:
+        r = _rids.get(rid_str)
+    except TypeError:  # an unhashable id: never raise into sglang
+        return -1
     if r is None:
         with _rid_lock:
             r = _rids.get(rid_str)

@@ -262,20 +262,34 @@ _loop = _LoopState()
 def boundary(forward_ct: int | None = None) -> None:
     """End the step in progress: its ``step`` row (batch noted by the ``prepare_for_*`` hooks,
     wall time since the previous boundary) and the ``stats`` rows. Idle steps are sampled at
-    most once per ``KVTRACE_IDLE_SAMPLE_MS``."""
+    most once per ``KVTRACE_IDLE_SAMPLE_MS``. (``step()`` inlined: this runs every step.)"""
     lp = _loop
-    lp.fresh()
+    if lp.rec is not tracer._active:
+        lp.fresh()
     now = perf_counter_ns()
-    idle = lp.mode == IDLE
-    if idle and not lp.t0:  # the first boundary: no step before it
-        pass
-    elif idle and lp.last_idle_emit and now - lp.last_idle_emit < _cfg["idle_ns"]:
-        tracer.tick()
+    mode = lp.mode
+    if mode == IDLE:
+        if not lp.t0 or (lp.last_idle_emit and now - lp.last_idle_emit < _cfg["idle_ns"]):
+            lp.t0 = now  # the first boundary (no step before it), or idle spinning
+            return
+        lp.last_idle_emit = now
     else:
-        lp.last_idle_emit = now if idle else 0
-        step(lp.mode, lp.batch_size, lp.num_tokens, now - lp.t0 if lp.t0 else 0, forward_ct)
+        lp.last_idle_emit = 0
+    clock = state.step_clock
+    fct = clock.forward_ct + 1 if forward_ct is None else forward_ct
+    clock.forward_ct = fct
+    tracer.sched(STEP, fct, mode, lp.batch_size, lp.num_tokens, now - lp.t0 if lp.t0 else 0)
     lp.t0 = now
     lp.mode, lp.batch_size, lp.num_tokens = IDLE, 0, 0
+    interval = _cfg["interval_ns"]
+    if (state.dirty[0] and (interval <= 0 or now - _last_sample[0] >= interval)) or interval < 0:
+        _last_sample[0] = now
+        state.dirty[0] = False
+        _sample(fct)
+    if state.manifest_pending[0]:
+        from tracer.sglang import autoload
+
+        autoload.update_manifest_server()
 
 
 def _adopt(tree, alloc) -> None:
@@ -296,9 +310,16 @@ def _make_prepare(mode: int):
             out = orig(self, *args, **kwargs)
             if tracer.pool is not _NOOP:
                 try:
+                    lp = _loop
+                    if lp.rec is not tracer._active:
+                        lp.fresh()
                     bs = len(self.reqs)
-                    ntok = int(self.extend_num_tokens or 0) if mode == PREFILL else bs
-                    _loop.note_batch(mode, bs, ntok)
+                    if mode == PREFILL:
+                        lp.note_batch(mode, bs, int(self.extend_num_tokens or 0))
+                    elif lp.mode == IDLE and lp.t0:  # the common decode step
+                        lp.mode, lp.batch_size, lp.num_tokens = mode, bs, bs
+                    else:
+                        lp.note_batch(mode, bs, bs)
                 except Exception as e:
                     state.note_failure("stats.prepare", e)
             return out
