@@ -21,8 +21,7 @@ release rows; empty groups (most decode steps) leave no rows. A plain allocator'
 shows as free rows without markers (wrapping every leaf's group end would cost a call per group
 on the hot path of SWA models too).
 
-``ReqToTokenPool`` rows (pool ``req_to_token``) count request rows and tell the stats sampler
-which requests hold KV.
+``ReqToTokenPool`` rows are in ``req_pool.py``.
 
 Reads only CPU-side values: free-list tensor shapes and Python counters. Page ids
 (``detail="pages"``) are the one exception and cost a device sync per op.
@@ -35,6 +34,9 @@ from time import perf_counter_ns
 import tracer
 from tracer.schema import Pool, PoolOp
 from tracer.sglang import state
+from tracer.sglang.page_ids import alloc_page_ids as _alloc_page_ids
+from tracer.sglang.page_ids import capture_inner as _capture_inner
+from tracer.sglang.page_ids import ids_numpy as _ids_numpy
 
 _NOOP = state._NOOP
 FULL, SWA = int(Pool.FULL), int(Pool.SWA)
@@ -133,41 +135,6 @@ def _staged_slots(a) -> int:
         return int(n) * a.page_size
     rel = a.__dict__.get("release_pages")
     return len(rel) if rel is not None else 0
-
-
-# ------------------------------------------------------------------ detail=pages
-def _ids_numpy(tensors):
-    import numpy as np
-
-    parts = [t.reshape(-1).cpu().numpy() for t in tensors if t is not None and t.numel()]
-    return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
-
-
-def _alloc_page_ids(a, name: str, fp0, k_pages: int, out):
-    """Page ids an allocation took: the head of the free list before the call (no merge)."""
-    fp = a.free_pages
-    try:
-        if fp0 is not None and fp0.shape[0] - k_pages == fp.shape[0] and (
-            fp.shape[0] == 0
-            or fp.untyped_storage().data_ptr() == fp0.untyped_storage().data_ptr()
-        ):
-            return _ids_numpy([fp0[:k_pages]])
-        if name == "alloc" and out is not None:
-            return _ids_numpy([out[:: a.page_size] // a.page_size])
-    except Exception as e:
-        state.note_failure("allocator.page_ids", e)
-    return None
-
-
-def _capture_inner(a, name: str, args, cap: list) -> None:
-    """Remember the page/slot ids a leaf really puts back on its free list."""
-    try:
-        if name == "_release_page_ids":
-            cap.extend(args)
-        elif name == "free" and "staged_pages" not in a.__dict__ and a.free_group is None and args:
-            cap.append(args[0])  # TokenToKVPoolAllocator: slot ids are page ids (ps=1)
-    except Exception as e:
-        state.note_failure("allocator.capture", e)
 
 
 # ------------------------------------------------------------------ leaf wrapper
@@ -424,66 +391,6 @@ def _make_leaf_init():
     return make
 
 
-# ------------------------------------------------------------------ ReqToTokenPool
-REQ = int(Pool.REQ_TO_TOKEN)
-
-
-def _make_req_pool(name: str):
-    def make(orig):
-        def req_op(self, *args, **kwargs):
-            if tracer.pool is _NOOP:
-                return orig(self, *args, **kwargs)
-            d = self.__dict__
-            if d.get("_kvt_busy"):
-                return orig(self, *args, **kwargs)
-            try:
-                before = len(self.free_slots)
-            except Exception:
-                return orig(self, *args, **kwargs)
-            d["_kvt_busy"] = True
-            out = None
-            t0 = perf_counter_ns()
-            try:
-                out = orig(self, *args, **kwargs)
-                return out
-            finally:
-                dur = perf_counter_ns() - t0
-                d["_kvt_busy"] = False
-                try:
-                    _account_req_pool(self, name, before, dur, args, out)
-                except Exception as e:
-                    state.note_failure(f"req_to_token.{name}", e)
-
-        return req_op
-
-    return make
-
-
-def _account_req_pool(p, name: str, before: int, dur_ns: int, args, out) -> None:
-    delta = before - len(p.free_slots)
-    rid = state.cur_rid[0]
-    state.dirty[0] = True
-    if name == "alloc" and args:
-        live = state.registry.live_reqs
-        for r in args[0]:
-            live[id(r)] = r
-        if len(args[0]) == 1:
-            rid = state.rid_of(args[0][0])
-    elif name == "free" and args:
-        state.registry.live_reqs.pop(id(args[0]), None)
-        rid = state.rid_of(args[0])
-    if delta > 0:
-        tracer.pool(REQ, ALLOC, rid, delta, delta, dur_ns)
-    elif delta < 0:
-        tracer.pool(REQ, FREE, rid, -delta, -delta, dur_ns)
-    elif name in ("alloc", "alloc_rows") and out is None:
-        tracer.pool(REQ, ALLOC_FAIL, rid, 0, 0, dur_ns)
-    if name == "clear":
-        state.registry.live_reqs.clear()
-        if delta < 0:
-            tracer.pool(REQ, CLEAR, rid, -delta, -delta, 0)
-
-
 # ------------------------------------------------------------------ install
 def install(patcher, lazy: bool = False) -> int:
     """Wrap the allocator classes. Returns the number of methods wrapped now.
@@ -526,8 +433,4 @@ def install(patcher, lazy: bool = False) -> int:
         # PureSWA and other SWA subclasses have their own constructors: tag after each
         n += patcher.wrap_method_tree(S, "__init__", _make_swa_init())
         n += patcher.wrap_method(S, "free_group_end", _make_swa_group_end())
-    mp = target("sglang.srt.mem_cache.memory_pool", lazy)
-    if mp is not None:
-        for name in ("alloc", "alloc_rows", "free", "free_rows", "clear"):
-            n += patcher.wrap_method(mp.ReqToTokenPool, name, _make_req_pool(name))
     return n

@@ -2,7 +2,8 @@
 
 The hook families live in small modules:
 
-- ``allocators``: device allocators (token, paged, SWA composite) and ``ReqToTokenPool``;
+- ``allocators``: device allocators (token, paged, SWA composite);
+- ``req_pool``: ``ReqToTokenPool`` (request rows; which requests hold KV);
 - ``host_pool``: HiCache host pools and host pool groups;
 - ``radix``: ``UnifiedRadixCache`` and the ``common.py`` request helpers;
 - ``admission``: ``PrefillAdder`` admission, prefill budgets, retraction;
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tracer.sglang import admission, allocators, host_pool, radix, requests, state, stats
+from tracer.sglang import admission, allocators, host_pool, radix, req_pool, requests, state, stats
 from tracer.sglang.patching import Patcher
 
 log = logging.getLogger("kvtrace.sglang")
@@ -27,7 +28,7 @@ SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 
 _patcher = Patcher()
 _lock = threading.RLock()
-_MODULES = (allocators, host_pool, radix, admission, requests, stats)
+_MODULES = (allocators, req_pool, host_pool, radix, admission, requests, stats)
 
 
 class UnsupportedSglang(RuntimeError):
