@@ -84,6 +84,10 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
 
     installed_here = not tracer.sglang.is_installed()
     tracer.sglang.install()
+    # Offline recording: a stats row at every step where anything changed (a server samples
+    # at most every 10 ms of wall time), so the trace is complete and deterministic.
+    cadence = tracer.sglang.configure()
+    tracer.sglang.configure(stats_interval_ms=0)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -105,6 +109,7 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         if bar is not None:
             bar.close()
         failures = dict(tracer.sglang.failures)
+        tracer.sglang.configure(**cadence)
         if installed_here:
             tracer.sglang.uninstall()
     applied = [p.__dict__ for p in PATCHES if getattr(settings, p.setting) == p.value]
