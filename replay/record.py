@@ -88,6 +88,9 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     # at most every 10 ms of wall time), so the trace is complete and deterministic.
     cadence = tracer.sglang.configure()
     tracer.sglang.configure(stats_interval_ms=0)
+    from tracer.sglang import state as hook_state
+
+    hook_state.new_trace()  # request ids and forward_ct are per trace
     bar = None
     if progress:
         from tqdm import tqdm

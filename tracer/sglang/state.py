@@ -186,15 +186,21 @@ def env_flag(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
+def new_trace() -> None:
+    """Per-trace numbering restarts: request and session ids and the step counter from 0."""
+    with _rid_lock:
+        _rids.clear()
+        _sessions.clear()
+        _next_rid[0] = 0
+        _next_session[0] = 0
+    step_clock.forward_ct = 0
+
+
 def reset() -> None:
     """Forget ids, registry and counters (tests; ``uninstall``)."""
-    _rids.clear()
-    _sessions.clear()
-    _next_rid[0] = 0
-    _next_session[0] = 0
+    new_trace()
     cur_rid[0] = -1
     registry.clear()
-    step_clock.forward_ct = 0
     failures.clear()
 
 
