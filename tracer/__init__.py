@@ -45,6 +45,9 @@ _lock = threading.Lock()
 _active: Recorder | None = None
 
 _NOOPS = make_noops()
+# The disabled emits: ``tracer.pool is tracer.DISABLED["pool"]`` is the cheapest "not recording"
+# test for hooks on hot paths (an identity check, no call).
+DISABLED = _NOOPS
 # Emit functions (rebound by _bind). Signatures: see tracer.recorder._EMITS.
 pool, pool_ids, cache, sched, stats, request = (_NOOPS[n] for n in EMIT_NAMES)
 

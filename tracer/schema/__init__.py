@@ -58,7 +58,7 @@ class PoolOp(enum.IntEnum):
     FREE_GROUP_END = 3
     MERGE = 4  # staged/released slots merged into the free list (host lazy merge, need_sort)
     ALLOC_FAIL = 5  # an allocation that returned None (num_slots = what was asked)
-    CLEAR = 6  # pool reset; num_slots = slots returned to the free list
+    CLEAR = 6  # marker after a pool reset; its slots are counted by the free row just before it
 
 
 class CacheOp(enum.IntEnum):

@@ -120,7 +120,7 @@ def update_manifest_server() -> None:
     live = serverinfo.from_live()
     if not live:
         return
-    from tracer import manifest
+    from tracer.schema import manifest
 
     def merge(m: dict) -> None:
         srv = m.setdefault("server", {}) or {}

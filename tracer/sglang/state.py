@@ -25,7 +25,7 @@ log = logging.getLogger("kvtrace.sglang")
 
 # The no-op bound to ``tracer.pool`` while not recording: ``tracer.pool is _NOOP`` is the
 # cheapest "not recording" test (one module attribute read and an identity comparison).
-_NOOP = tracer._NOOPS["pool"]
+_NOOP = tracer.DISABLED["pool"]
 
 
 def recording() -> bool:
