@@ -60,7 +60,7 @@ def launch_env(out: Path, shim_dir: Path, *, detail: str, flush_ms: int, hash_bl
 def write_launch_manifest(out: Path, argv: list[str], *, detail: str, flush_ms: int,
                           hash_block_tokens: int) -> dict:
     """Create the trace manifest (first writer wins) with the server config parsed from argv."""
-    from tracer import manifest
+    from tracer.schema import manifest
     from tracer.sglang import serverinfo
 
     server = serverinfo.from_argv(argv)
@@ -74,7 +74,7 @@ def write_launch_manifest(out: Path, argv: list[str], *, detail: str, flush_ms: 
 
 def finish_manifest(out: Path, exit_code: int) -> None:
     """Record the server's exit code and end time in the manifest (best effort)."""
-    from tracer import manifest
+    from tracer.schema import manifest
 
     def note(m: dict) -> None:
         launch = m.setdefault("launch", {}) or {}
