@@ -18,12 +18,20 @@ from __future__ import annotations
 import itertools
 import struct
 import threading
+import time
 
 import numpy as np
 
 from tracer.schema import Family
 
 MAX_FREE = 2
+_ZERO_CHUNK = 1 << 20  # bytes zeroed per GIL hold when recycling
+
+
+def yield_gil() -> None:
+    """Let an emitting thread run. The flusher calls it between steps: a thread waiting for the
+    GIL otherwise waits out the 5 ms switch interval whenever the flusher runs Python code."""
+    time.sleep(0)
 _NP_CODES = {"q": "<i8", "i": "<i4", "B": "u1", "Q": "<u8", "I": "<u4", "h": "<i2"}
 
 
@@ -45,14 +53,17 @@ class StructBuffer:
         })
         self.lock = threading.Lock()
         self.pending: list[tuple] = []  # full buffers swapped out by the slow path
-        self.free: list[tuple] = [self._new()]  # clean buffers (the slow path's spare first)
-        self.cur = [self._new()]
+        self.free: list[tuple] = [self._new(committed=True)]  # clean buffers (the slow path's spare)
+        self.cur = [self._new(committed=True)]
 
-    def _new(self) -> tuple:
-        # bytearray(n) memsets: its pages are committed up front (struct.pack_into is also
-        # ~10 ns faster into a bytearray than into a numpy buffer). The memset holds the GIL,
-        # about 0.5 ms per 4 MB (the default buffer); steady state reuses buffers instead.
-        return (bytearray(self.capacity * self.size), itertools.count(0, self.size), [])
+    def _new(self, committed: bool = False) -> tuple:
+        """A clean buffer. ``committed``: a ``bytearray`` (memset now, so its pages are faulted
+        in, and ``pack_into`` is ~10 ns faster into it) -- for ``start()``, in the caller's
+        thread. Otherwise ``np.zeros`` (calloc: no memset holding the GIL in the flusher; the
+        emitter faults its pages in on first use, once, since buffers are recycled)."""
+        n = self.capacity * self.size
+        data = bytearray(n) if committed else np.zeros(n, np.uint8)
+        return (data, itertools.count(0, self.size), [])
 
     def _new_small(self) -> tuple:
         return (bytearray(self.size), itertools.count(0, self.size), [])
@@ -61,7 +72,10 @@ class StructBuffer:
         """Zero the used prefix of a flushed buffer and keep it for reuse. Mutates: ``free``."""
         if len(self.free) >= MAX_FREE:
             return
-        np.frombuffer(buf[0], np.uint8, count=used_records * self.size)[:] = 0
+        view = np.frombuffer(buf[0], np.uint8, count=used_records * self.size)
+        for start in range(0, len(view), _ZERO_CHUNK):  # short GIL holds: see yield_gil
+            view[start : start + _ZERO_CHUNK] = 0
+            yield_gil()
         with self.lock:
             self.free.append((buf[0], itertools.count(0, self.size), []))
 

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from tracer.schema import manifest as _manifest
 from tracer import segments as _segments
-from tracer.buffers import Drops, RowBuffer, StructBuffer
+from tracer.buffers import Drops, RowBuffer, StructBuffer, yield_gil
 from tracer.emitgen import _READS_CLOCK, _gen_emit
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
@@ -250,6 +250,7 @@ class Recorder:
                 for name, b in self.structs.items():
                     if force or self._due(b):
                         self._flush_struct(name, b)
+                        yield_gil()
                 for name in ROW_FAMILIES:
                     b = self.rows[name]
                     if name == "drops":
@@ -284,8 +285,10 @@ class Recorder:
             time.sleep(0.0002)  # a writer reserved a slot and was preempted before packing
         keep = seqs != 0
         torn = int(n - keep.sum())
-        cols = [np.ascontiguousarray(arr[f]) for f in b.dtype.names]
-        arrays = [pa.array(c) for c in cols]
+        arrays = []
+        for f in b.dtype.names:
+            arrays.append(pa.array(np.ascontiguousarray(arr[f])))
+            yield_gil()
         if name == "pool":
             arrays.append(_page_ids_column(side, n))
         batch = pa.RecordBatch.from_arrays(arrays, schema=b.fam.arrow_schema(stored=False))
@@ -295,6 +298,7 @@ class Recorder:
         kept = seqs[keep] if torn else seqs
         if len(kept) > 1 and not (kept[1:] > kept[:-1]).all():  # several emitting threads
             batch = batch.take(pa.array(np.argsort(kept, kind="stable")))
+        yield_gil()
         self._segment(name).write(batch)
         self.events_written[name] += batch.num_rows
         return torn
@@ -328,7 +332,7 @@ class Recorder:
             if (force_close or seg.num_bytes >= self.opts.segment_max_bytes
                     or now - self.segment_opened_s[name] >= self.opts.segment_max_s):
                 del self.segments[name]
-                seg.close()
+                seg.close(between_steps=yield_gil)
 
     # ---------------------------------------------------------------- failure and stop
     def _fail(self, exc: BaseException) -> None:

@@ -61,9 +61,11 @@ class StreamSegment:
         except OSError:
             pass
 
-    def close(self) -> Path | None:
-        """Close the stream and convert it to Parquet. Returns the Parquet path (None if empty)."""
+    def close(self, between_steps=None) -> Path | None:
+        """Close the stream and convert it to Parquet. Returns the Parquet path (None if empty).
+
+        ``between_steps`` is called between conversion steps (the recorder yields the GIL)."""
         os.close(self.fd)
-        return convert_segment(self.path, self.fam)
+        return convert_segment(self.path, self.fam, row_group_rows=1 << 18, between_steps=between_steps)
 
 

@@ -87,25 +87,28 @@ def _encode_enum(arr: pa.Array, name: str, enum_type) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string())).cast(dict_type)
 
 
-def write_parquet(path: str | os.PathLike, table: pa.Table) -> int:
-    """Write a stored-schema table to ``path`` atomically (tmp + rename). Returns bytes written."""
+def _parquet_options(schema: pa.Schema) -> dict:
+    dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
+    enc = {f.name: "DELTA_BINARY_PACKED" for f in schema
+           if f.name in _DELTA_COLUMNS and pa.types.is_integer(f.type)}
+    return {"compression": "zstd", "use_dictionary": dict_cols or False,
+            "column_encoding": enc or None, "write_statistics": ["ts_ns", "seq"]}
+
+
+def write_parquet(path: str | os.PathLike, table: pa.Table, *, row_group_rows: int = 1 << 20,
+                  between_row_groups=None) -> int:
+    """Write a stored-schema table to ``path`` atomically (tmp + rename). Returns bytes written.
+
+    ``between_row_groups`` (no args) is called after each row group: the recorder passes a
+    GIL yield so a compaction never holds the server's thread back for long.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    dict_cols = [f.name for f in table.schema if pa.types.is_dictionary(f.type)]
-    enc = {
-        f.name: "DELTA_BINARY_PACKED"
-        for f in table.schema
-        if f.name in _DELTA_COLUMNS and pa.types.is_integer(f.type)
-    }
-    pq.write_table(
-        table,
-        tmp,
-        compression="zstd",
-        use_dictionary=dict_cols or False,
-        column_encoding=enc or None,
-        row_group_size=1 << 20,
-        write_statistics=["ts_ns", "seq"],
-    )
+    with pq.ParquetWriter(tmp, table.schema, **_parquet_options(table.schema)) as w:
+        for start in range(0, max(table.num_rows, 1), row_group_rows):
+            w.write_table(table.slice(start, row_group_rows), row_group_size=row_group_rows)
+            if between_row_groups is not None:
+                between_row_groups()
     os.replace(tmp, path)
     return path.stat().st_size
 
@@ -143,24 +146,41 @@ def read_stream_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], 
             return batches, f"torn after {len(batches)} batches ({e})"
 
 
-def convert_segment(path: str | os.PathLike, fam: Family) -> Path | None:
+def convert_segment(path: str | os.PathLike, fam: Family, *, row_group_rows: int = 1 << 20,
+                    between_steps=None) -> Path | None:
     """Convert an IPC stream segment (complete or torn) to Parquet and delete it.
 
     Returns the Parquet path, or None when the stream held no complete batch (the file is
-    removed then too).
+    removed then too). ``between_steps`` (no args) is called between the conversion's steps.
     """
     path = Path(path)
+    step = between_steps or (lambda: None)
     batches, _ = read_stream_batches(path)
     rows = sum(b.num_rows for b in batches)
     out = path.with_suffix(CLOSED_SUFFIX)
     if rows:
         table = pa.Table.from_batches(batches, schema=fam.arrow_schema(stored=False))
-        seqs = table.column("seq").to_numpy()
-        if len(seqs) > 1 and not (seqs[1:] > seqs[:-1]).all():  # batches of concurrent emitters
+        step()
+        if not _seq_sorted(table.column("seq")):  # batches of concurrent emitters
             table = table.sort_by("seq")
-        write_parquet(out, to_stored(table, fam))
+            step()
+        table = to_stored(table, fam)
+        step()
+        write_parquet(out, table, row_group_rows=row_group_rows, between_row_groups=between_steps)
     path.unlink()
     return out if rows else None
+
+
+def _seq_sorted(col: pa.ChunkedArray) -> bool:
+    last = None
+    for chunk in col.chunks:
+        v = chunk.to_numpy()
+        if len(v) == 0:
+            continue
+        if (last is not None and v[0] <= last) or (len(v) > 1 and not (v[1:] > v[:-1]).all()):
+            return False
+        last = v[-1]
+    return True
 
 
 def recover_segment(path: str | os.PathLike) -> tuple[int, str | None]:
