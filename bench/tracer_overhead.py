@@ -34,7 +34,8 @@ from tracer.schema import Pool, PoolOp
 
 _CALLS = {
     "pool": "tracer.pool(0, 0, i, 64, 1, 0)",
-    "cache": "tracer.cache(0, i, 1024, 0, 0, 64, 64, 0, 3, 0, 0)",
+    "cache": "tracer.cache(0, i, 1024, 128, 64)",  # a match row: op, rid and the three hits
+    "cache_full_row": "tracer.cache(2, i, 0, 0, 0, 64, 64, 0, 3, 1, 900)",  # every column set
     "sched": "tracer.sched(1, i, 2, 32, 32, 9000)",
     "stats": "tracer.stats(i, 1, 65536, 1000, 2000, 3000, 4000)",
     "request": "tracer.request(0, i, 3, 1, 900, 100, 128, -1, 'r', None)",
@@ -61,8 +62,8 @@ def bench_emits(tmp: Path, n: int, repeats: int) -> dict:
     out = {"noop_call_ns": _loop_ns("noop(0, 0, i, 64, 1, 0)", n, repeats, {"noop": noop}),
            "emit_ns_disabled": _loop_ns(_CALLS["pool"], n, repeats)}
     tracer.start(tmp / "emit", buffer_events=1 << 20, flush_interval_ms=200)
-    for fam, call in _CALLS.items():
-        out[f"emit_ns_{fam}"] = _loop_ns(call, n, repeats)
+    for name, call in _CALLS.items():
+        out[f"emit_ns_{name}"] = _loop_ns(call, n, repeats)
     tracer.stop()
     return out
 
