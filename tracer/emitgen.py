@@ -32,10 +32,6 @@ _READS_CLOCK = {"sched", "stats", "request", "drops"}  # in clock="step" mode
 EMIT_NAMES = ("pool", "pool_ids", "cache", "sched", "stats", "request")
 
 
-def _noop(*args, **kwargs):
-    return None
-
-
 def make_noops() -> dict:
     """Disabled emits with the exact signatures (a ``*args`` no-op costs ~30 ns more)."""
     out = {}
