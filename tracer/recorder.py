@@ -283,8 +283,10 @@ class Recorder:
         deadline = time.monotonic() + 0.05
         while not seqs.all() and time.monotonic() < deadline:
             time.sleep(0.0002)  # a writer reserved a slot and was preempted before packing
+        yield_gil()
         keep = seqs != 0
         torn = int(n - keep.sum())
+        yield_gil()
         arrays = []
         for f in b.dtype.names:
             arrays.append(pa.array(np.ascontiguousarray(arr[f])))

@@ -109,6 +109,8 @@ def write_parquet(path: str | os.PathLike, table: pa.Table, *, row_group_rows: i
             w.write_table(table.slice(start, row_group_rows), row_group_size=row_group_rows)
             if between_row_groups is not None:
                 between_row_groups()
+    if between_row_groups is not None:
+        between_row_groups()
     os.replace(tmp, path)
     return path.stat().st_size
 
