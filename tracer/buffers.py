@@ -21,6 +21,7 @@ import threading
 import time
 
 import numpy as np
+import pyarrow as pa
 
 from tracer.schema import Family
 
@@ -85,8 +86,7 @@ class StructBuffer:
 
     def reserved(self, buf: tuple) -> int:
         """Records reserved so far in ``buf`` (peeks the counter without advancing it)."""
-        r = repr(buf[1])  # "count(N, size)"
-        return min(int(r[6 : r.index(",")]) // self.size, self.capacity)
+        return min(peek_count(buf[1]) // self.size, self.capacity)
 
     def swap(self) -> tuple:
         """Swap in a clean buffer; returns the old one. Mutates: ``cur``, ``free``."""
@@ -132,3 +132,27 @@ class Drops:
         with self.lock:
             out, self.open = self.open, {}
         return out
+
+
+def peek_count(counter: itertools.count) -> int:
+    r = repr(counter)  # "count(N)" or "count(N, step)"
+    end = r.find(",")
+    return int(r[6 : end if end > 0 else -1])
+
+
+def page_ids_column(side: list, n: int) -> pa.Array:
+    typ = pa.list_(pa.int32())
+    if not side:
+        return pa.nulls(n, typ)
+    lens = np.zeros(n, np.int32)
+    valid = np.zeros(n, bool)
+    values = []
+    for i, ids in side:
+        v = np.asarray(ids, dtype=np.int32).ravel()
+        lens[i] = len(v)
+        valid[i] = True
+        values.append(v)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values)), type=typ,
+                                    mask=pa.array(~valid))

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from tracer.schema import manifest as _manifest
 from tracer import segments as _segments
-from tracer.buffers import Drops, RowBuffer, StructBuffer, yield_gil
+from tracer.buffers import Drops, RowBuffer, StructBuffer, page_ids_column, peek_count, yield_gil
 from tracer.emitgen import _READS_CLOCK, _gen_emit
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
@@ -69,12 +69,6 @@ class RecorderOptions:
             raise ValueError(f"on_fork must be 'off' or 'child', got {self.on_fork!r}")
         if self.buffer_events < 16 or self.row_buffer_events < 16:
             raise ValueError("buffer_events and row_buffer_events must be >= 16")
-
-
-def _peek(counter: itertools.count) -> int:
-    r = repr(counter)  # "count(N)" or "count(N, step)"
-    end = r.find(",")
-    return int(r[6 : end if end > 0 else -1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,7 +159,7 @@ class Recorder:
 
         emits["tick"] = tick
         emits["set_clock"] = set_clock
-        emits["peek_seq"] = lambda: _peek(seq)
+        emits["peek_seq"] = lambda: peek_count(seq)
         return emits
 
     def _struct_full_handler(self, b: StructBuffer):
@@ -214,7 +208,7 @@ class Recorder:
             bool(seqs.all()), int((seqs != 0).sum()), np.argsort(seqs, kind="stable")
             arrays = [pa.array(np.ascontiguousarray(arr[f])) for f in b.dtype.names]
             if name == "pool":
-                arrays.append(_page_ids_column([(0, [1])], 1))
+                arrays.append(page_ids_column([(0, [1])], 1))
             pa.RecordBatch.from_arrays(arrays, schema=b.fam.arrow_schema(stored=False)).serialize()
 
     # ---------------------------------------------------------------- flushing
@@ -292,7 +286,7 @@ class Recorder:
             arrays.append(pa.array(np.ascontiguousarray(arr[f])))
             yield_gil()
         if name == "pool":
-            arrays.append(_page_ids_column(side, n))
+            arrays.append(page_ids_column(side, n))
         batch = pa.RecordBatch.from_arrays(arrays, schema=b.fam.arrow_schema(stored=False))
         if torn:
             batch = batch.filter(pa.array(keep))
@@ -342,7 +336,7 @@ class Recorder:
             return
         self.failed = f"{type(exc).__name__}: {exc}"
         self._on_disable()
-        issued = _peek(self.seq) - 1
+        issued = peek_count(self.seq) - 1
         lost = max(issued - sum(self.events_written.values()) - self.drops.total, 0)
         log.error("kvtrace: recording to %s disabled after a write error (%s); %d events lost",
                   self.dir, self.failed, lost)
@@ -399,21 +393,3 @@ class Recorder:
         for seg in self.segments.values():
             seg.abandon()
         self.segments.clear()
-
-
-def _page_ids_column(side: list, n: int) -> pa.Array:
-    typ = pa.list_(pa.int32())
-    if not side:
-        return pa.nulls(n, typ)
-    lens = np.zeros(n, np.int32)
-    valid = np.zeros(n, bool)
-    values = []
-    for i, ids in side:
-        v = np.asarray(ids, dtype=np.int32).ravel()
-        lens[i] = len(v)
-        valid[i] = True
-        values.append(v)
-    offsets = np.zeros(n + 1, np.int32)
-    np.cumsum(lens, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values)), type=typ,
-                                    mask=pa.array(~valid))
