@@ -88,6 +88,13 @@ class StructBuffer:
         """Records reserved so far in ``buf`` (peeks the counter without advancing it)."""
         return min(peek_count(buf[1]) // self.size, self.capacity)
 
+    def check_integrity(self) -> None:
+        """At most 1 + MAX_FREE buffers plus those pending a flush; free buffers are clean."""
+        assert len(self.free) <= MAX_FREE, f"{self.fam.name}: {len(self.free)} free buffers"
+        for data, ctr, side in self.free:
+            assert peek_count(ctr) == 0 and not side, f"{self.fam.name}: a free buffer is in use"
+            assert len(data) == self.capacity * self.size, f"{self.fam.name}: buffer size"
+
     def swap(self) -> tuple:
         """Swap in a clean buffer; returns the old one. Mutates: ``cur``, ``free``."""
         new = self.take_free() or self._new()

@@ -373,6 +373,21 @@ class Recorder:
         except Exception:
             pass
 
+    def check_integrity(self) -> None:
+        """Accounting holds: every issued seq is written, dropped or still buffered (exactly, when
+        no other thread is emitting), and each family's memory stays within its bound.
+        Raises AssertionError naming what broke."""
+        for b in self.structs.values():
+            b.check_integrity()
+        buffered = sum(b.reserved(b.cur[0]) + sum(b.reserved(p) for p in b.pending)
+                       for b in self.structs.values())
+        buffered += sum(len(b.cur[0]) for b in self.rows.values())
+        issued = peek_count(self.seq) - 1
+        accounted = sum(self.events_written.values()) + self.drops.total + buffered
+        assert accounted == issued, f"recorder accounts for {accounted} events but issued {issued} seqs"
+        if self.failed:
+            assert not self.segments, "a failed recorder keeps no open segment"
+
     def stop(self) -> None:
         """Flush everything, close and convert the open segments. Idempotent; never raises."""
         if self.stopped:

@@ -157,3 +157,16 @@ def test_fork_child_records_into_its_own_rank(tmp_path):
     assert tr.ranks == [0, 1]
     assert tr.table("pool", rank=0).column("rid").to_pylist() == [1, 2]
     assert tr.table("pool", rank=1).column("rid").to_pylist() == [1000]
+
+
+def test_check_integrity_after_every_event(tmp_path):
+    rec = tracer.start(tmp_path / "t", buffer_events=16, flush_interval_ms=60_000, poll_interval_ms=60_000)
+    for i in range(200):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
+        rec.check_integrity()
+        if i % 50 == 0:
+            tracer.flush()
+            rec.check_integrity()
+    tracer.stop()
+    rec.check_integrity()
+    assert sum(rec.events_written.values()) - rec.events_written["drops"] + rec.drops.total == 200

@@ -20,7 +20,8 @@ from tracer.schema import (
 
 
 def _record(path, n=50, **opts):
-    tracer.start(path, server={"page_size": 16, "sliding_window_tokens": 128}, hash_block_tokens=16, **opts)
+    rec = tracer.start(path, server={"page_size": 16, "sliding_window_tokens": 128}, hash_block_tokens=16,
+                       **opts)
     for i in range(n):
         tracer.tick()
         tracer.request(RequestEvent.ARRIVAL, i, 7, 1, 100 + i, 20, 64, -1, f"r{i}", [i, i + 1])
@@ -30,7 +31,9 @@ def _record(path, n=50, **opts):
         tracer.pool_ids(Pool.FULL, PoolOp.FREE, i, 32, 2, 0, [i, i + 1])
         tracer.cache(CacheOp.EVICT, -1, 0, 0, 0, 16, 32, 0, 2, 1, 999)
         tracer.stats(i, Pool.HOST_FULL, 4096, 1000, 2000, 96, 1000)
+        rec.check_integrity()
     tracer.stop()
+    rec.check_integrity()
 
 
 def test_every_family_round_trips(tmp_path):
