@@ -82,3 +82,21 @@ def test_truncated_stream_recovers_complete_batches(tmp_path):
     assert out["rows_recovered"] == 400
     assert len(out["torn"]) == 1 and "torn after 4 batches" in out["torn"][0]
     assert open_trace(tmp_path / "t").rows("pool") == 400
+
+
+def test_interpreter_exit_flushes_and_closes(tmp_path):
+    code = textwrap.dedent("""
+        import sys, tracer
+        from tracer.schema import Pool, PoolOp
+        tracer.start(sys.argv[1], flush_interval_ms=60_000)
+        for i in range(1234):
+            tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
+        # no tracer.stop(): atexit must flush and convert the open segment
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert not list((tmp_path / "t").rglob("*.arrows"))
+    tr = open_trace(tmp_path / "t")
+    assert tr.rows("pool") == 1234
+    assert '"state": "stopped"' in (tmp_path / "t" / "ranks" / "rank=0.json").read_text()
