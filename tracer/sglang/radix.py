@@ -15,6 +15,7 @@ current request for the pool rows they cause.
 
 from __future__ import annotations
 
+import sys
 from time import perf_counter_ns
 
 import tracer
@@ -202,6 +203,36 @@ def _make_accumulate():
     return make
 
 
+# (tree class, core class) pairs whose protected sizes are the Rust binding's own counters
+# (``UnifiedRadixCache.full_protected_size`` -> ``RustUnifiedTreeCore.full_protected_size`` ->
+# ``_binding.full_protected_size()``): lock/unlock read the binding directly, skipping four
+# Python frames per read. Filled at install with the sglang functions to compare against.
+_RUST_ADAPTER = "sglang.srt.mem_cache.rust_tree_core.adapter"
+_direct_fns: dict = {}
+_direct_ok: dict = {}
+
+
+def _direct_binding(tree):
+    """The tree core's Rust binding when reading it directly gives the same protected sizes as
+    the tree's own methods (unmodified sglang classes), else None."""
+    core = tree.__dict__.get("tree_core")
+    if core is None or not _direct_fns:
+        return None
+    key = (type(tree), type(core))
+    ok = _direct_ok.get(key)
+    if ok is None:
+        f = _direct_fns
+        tt, ct = type(tree), type(core)
+        # the core's class is loaded whenever a core of it exists: its module is in sys.modules
+        R = getattr(sys.modules.get(_RUST_ADAPTER), "RustUnifiedTreeCore", None)
+        ok = _direct_ok[key] = R is not None and f["tree_full"] is not None and (
+            getattr(tt, "full_protected_size", None) is f["tree_full"]
+            and getattr(tt, "swa_protected_size", None) is f["tree_swa"]
+            and getattr(ct, "full_protected_size", None) is R.__dict__.get("full_protected_size")
+            and getattr(ct, "swa_protected_size", None) is R.__dict__.get("swa_protected_size"))
+    return core.__dict__.get("_binding") if ok else None
+
+
 def _make_lock(op: int):
     def make(orig):
         def lock_op(self, *args, **kwargs):
@@ -209,17 +240,29 @@ def _make_lock(op: int):
             if tracer.pool is _NOOP or (pin[0] and not pin[1]):
                 return orig(self, *args, **kwargs)
             try:
-                f0, s0 = _protected(self)
+                b = _direct_binding(self)
+                if b is not None:
+                    swa_on = self.is_swa_enabled
+                    swa_i = _direct_fns["swa_int"]
+                    f0 = b.full_protected_size()
+                    s0 = b.component_protected_size(swa_i) if swa_on else 0
+                else:
+                    f0, s0 = _protected(self)
             except Exception:
                 return orig(self, *args, **kwargs)
             t0 = perf_counter_ns()
             out = orig(self, *args, **kwargs)
             try:
-                f1, s1 = _protected(self)
+                dur = perf_counter_ns() - t0
+                if b is not None:
+                    f1 = b.full_protected_size()
+                    s1 = b.component_protected_size(swa_i) if swa_on else 0
+                else:
+                    f1, s1 = _protected(self)
                 if f1 != f0 or s1 != s0:
                     state.dirty[0] = True
                 tracer.cache(op, state.cur_rid[0], 0, 0, 0, abs(f1 - f0), abs(s1 - s0), 0, 1, 0,
-                             perf_counter_ns() - t0)
+                             dur)
             except Exception as e:
                 state.note_failure("radix.lock", e)
             return out
@@ -385,6 +428,10 @@ def install(patcher, lazy: bool = False) -> int:
         n += patcher.wrap_method(U, "checkpoint", _make_checkpoint())
         n += patcher.wrap_method(U, "_evict", _make_evict())
         n += patcher.wrap_method(U, "_accumulate_tracker", _make_accumulate())
+        _direct_fns.update(tree_full=U.__dict__.get("full_protected_size"),
+                           tree_swa=U.__dict__.get("swa_protected_size"),
+                           swa_int=int(_CT["SWA"]))
+        _direct_ok.clear()
         n += patcher.wrap_method(U, "lock", _make_lock(LOCK))
         n += patcher.wrap_method(U, "unlock", _make_lock(UNLOCK))
         n += patcher.wrap_method(U, "release_swa", _make_lock(UNLOCK))
