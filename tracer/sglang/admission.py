@@ -36,6 +36,8 @@ V_NO_TOKEN, V_SWA_WAIT, V_OTHER = int(Verdict.NO_TOKEN), int(Verdict.SWA_WAIT), 
 _chk: list = [False, None, None, None]
 # rid -> (verdict, prefix_len, requested) of its last rejection row (repeats are not written)
 _last_reject: dict[int, tuple] = {}
+_rids_get = state._rids.get  # (the dict is cleared, never rebound)
+_cur_rid = state.cur_rid
 
 
 def _make_check_prefill():
@@ -82,9 +84,17 @@ def _make_add(chunked: bool):
             except Exception as e:
                 state.note_failure("admission.pre", e)
                 return orig(self, req, *args, **kwargs)
-            rid = state.rid_of(req)
-            _chk[:] = [True, None, None, None]
-            prev_rid, state.cur_rid[0] = state.cur_rid[0], rid
+            try:  # state.rid_of(req), the common case (an id already seen) inlined
+                rid = _rids_get(req.rid)
+            except Exception:
+                rid = None
+            if rid is None:
+                rid = state.rid_of(req)
+            chk = _chk
+            chk[0] = True
+            chk[1] = chk[2] = chk[3] = None
+            cur = _cur_rid
+            prev_rid, cur[0] = cur[0], rid
             state.admission_pin[0] += 1
             out = None
             try:
@@ -92,8 +102,8 @@ def _make_add(chunked: bool):
                 return out
             finally:
                 state.admission_pin[0] -= 1
-                state.cur_rid[0] = prev_rid
-                chk = list(_chk)
+                cur[0] = prev_rid
+                chk = list(chk)
                 _chk[0] = False
                 try:
                     _emit_admit(self, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk)

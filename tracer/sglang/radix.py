@@ -28,6 +28,7 @@ LOCK, UNLOCK = int(CacheOp.LOCK), int(CacheOp.UNLOCK)
 LOAD_BACK, BACKUP, HOST_EVICT = int(CacheOp.LOAD_BACK), int(CacheOp.BACKUP), int(CacheOp.HOST_EVICT)
 SWA_RELEASE, RELEASE = int(CacheOp.SWA_RELEASE), int(CacheOp.RELEASE)
 
+_rids_get = state._rids.get  # (the dict is cleared, never rebound)
 _CT = {}  # ComponentType members, filled at install (FULL, SWA)
 # Eviction accounting while inside _evict: [depth, nodes, tombstones]
 _ev = [0, 0, 0]
@@ -77,7 +78,15 @@ def _make_match():
             if tracer.pool is _NOOP:
                 return orig(self, params, *args, **kwargs)
             req = getattr(params, "req", None)
-            rid = state.rid_of(req) if req is not None else state.cur_rid[0]
+            if req is not None:
+                try:  # state.rid_of(req), the common case (an id already seen) inlined
+                    rid = _rids_get(req.rid)
+                except Exception:
+                    rid = None
+                if rid is None:
+                    rid = state.rid_of(req)
+            else:
+                rid = state.cur_rid[0]
             t0 = perf_counter_ns()
             out = orig(self, params, *args, **kwargs)
             try:

@@ -257,6 +257,7 @@ class _LoopState:
 
 
 _loop = _LoopState()
+_registry = state.registry
 
 
 def boundary(forward_ct: int | None = None) -> None:
@@ -335,11 +336,14 @@ def _make_get_pool_stats():
 
     def make(orig):
         def get_pool_stats(self, *args, **kwargs):
-            if tracer.pool is not _NOOP and not _loop.scheduler_driven:
+            lp = _loop
+            if tracer.pool is not _NOOP and not lp.scheduler_driven:
                 try:
-                    _loop.fresh()
-                    if id(self) != _loop.observer or state.registry.tree is None:
-                        _loop.observer = id(self)
+                    if lp.rec is not tracer._active:
+                        lp.fresh()
+                    ref = _registry._tree  # (the registry's weak reference, read without a call)
+                    if id(self) != lp.observer or ref is None or ref() is None:
+                        lp.observer = id(self)
                         _adopt(self.tree_cache, self.token_to_kv_pool_allocator)
                     boundary()
                 except Exception as e:
