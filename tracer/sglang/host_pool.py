@@ -64,19 +64,10 @@ def _make_op(name: str):
                     before = self.available_size()
                 except Exception:
                     return orig(self, *args, **kwargs)
-                d["_kvt_busy"] = True
-                out = None
-                t0 = perf_counter_ns()
-                try:
-                    out = orig(self, *args, **kwargs)
-                    return out
-                finally:
-                    dur = perf_counter_ns() - t0
-                    d["_kvt_busy"] = False
-                    try:
-                        _account(self, pool, name, before, dur, args, kwargs, out)
-                    except Exception as e:
-                        state.note_failure(f"host_pool.{name}", e)
+                return state.run_measured(
+                    self, orig, args, kwargs,
+                    lambda dur, out: _account(self, pool, name, before, dur, args, kwargs, out),
+                    f"host_pool.{name}")
 
         return host_op
 

@@ -4,7 +4,6 @@ returned) and the set of requests holding a KV row, which the stats sampler's ``
 
 from __future__ import annotations
 
-from time import perf_counter_ns
 
 import tracer
 from tracer.schema import Pool, PoolOp
@@ -28,19 +27,10 @@ def _make_req_pool(name: str):
                 before = len(self.free_slots)
             except Exception:
                 return orig(self, *args, **kwargs)
-            d["_kvt_busy"] = True
-            out = None
-            t0 = perf_counter_ns()
-            try:
-                out = orig(self, *args, **kwargs)
-                return out
-            finally:
-                dur = perf_counter_ns() - t0
-                d["_kvt_busy"] = False
-                try:
-                    _account_req_pool(self, name, before, dur, args, out)
-                except Exception as e:
-                    state.note_failure(f"req_to_token.{name}", e)
+            return state.run_measured(
+                self, orig, args, kwargs,
+                lambda dur, out: _account_req_pool(self, name, before, dur, args, out),
+                f"req_to_token.{name}")
 
         return req_op
 

@@ -18,6 +18,7 @@ import os
 import threading
 import weakref
 from collections import Counter
+from time import perf_counter_ns
 
 import tracer
 
@@ -53,6 +54,26 @@ def note_failure(site: str, exc: BaseException) -> None:
             log.warning("kvtrace hook %s failed (further errors counted silently): %r", site, exc)
     except Exception:  # pragma: no cover - logging must never raise either
         pass
+
+
+def run_measured(obj, orig, args, kwargs, account, site: str):
+    """Run ``orig(obj, *args, **kwargs)`` once under the re-entrancy flag (nested wrapped calls
+    are then not counted again), then ``account(dur_ns, out)``; an error there is counted under
+    ``site``, never raised. Returns what ``orig`` returned (its exceptions propagate)."""
+    d = obj.__dict__
+    d["_kvt_busy"] = True
+    out = None
+    t0 = perf_counter_ns()
+    try:
+        out = orig(obj, *args, **kwargs)
+        return out
+    finally:
+        dur = perf_counter_ns() - t0
+        d["_kvt_busy"] = False
+        try:
+            account(dur, out)
+        except Exception as e:
+            note_failure(site, e)
 
 
 # --------------------------------------------------------------------------------------------
