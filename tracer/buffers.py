@@ -39,17 +39,19 @@ _NP_CODES = {"q": "<i8", "i": "<i4", "B": "u1", "Q": "<u8", "I": "<u4", "h": "<i
 class StructBuffer:
     """Double-buffered fixed-size records of one family."""
 
-    def __init__(self, fam: Family, capacity: int):
+    def __init__(self, fam: Family, capacity: int, ts_in_record: bool = True):
+        """``ts_in_record=False``: records omit ``ts_ns`` (the recorder fills it at flush from
+        its clock marks, saving a load and a packed field per emit)."""
         self.fam = fam
-        self.struct = struct.Struct(fam.record_format)
+        self.ts_in_record = ts_in_record
+        cols = [c for c in fam.columns if c.code and (ts_in_record or c.name != "ts_ns")]
+        self.struct = struct.Struct("<" + "".join(c.code for c in cols))
         self.size = self.struct.size
         self.capacity = capacity
-        names = [c.name for c in fam.columns if c.code]
         self.dtype = np.dtype({
-            "names": names,
-            "formats": [_NP_CODES[c.code] for c in fam.columns if c.code],
-            "offsets": [struct.calcsize("<" + "".join(c.code for c in fam.columns[:i] if c.code))
-                        for i, c in enumerate(fam.columns) if c.code],
+            "names": [c.name for c in cols],
+            "formats": [_NP_CODES[c.code] for c in cols],
+            "offsets": [struct.calcsize("<" + "".join(c.code for c in cols[:i])) for i in range(len(cols))],
             "itemsize": self.size,
         })
         self.lock = threading.Lock()

@@ -47,12 +47,19 @@ def _record_fields(fam: Family) -> list[str]:
     return [c.name for c in fam.columns if c.code or fam.name in ROW_FAMILIES]
 
 
-def _gen_emit(fam_name: str, reads_clock: bool, with_ids: bool = False) -> str:
+def _gen_emit(fam_name: str, reads_clock: bool, with_ids: bool = False, ts_in_record: bool = True,
+              marks: bool = False) -> str:
+    """Source of one emit. ``ts_in_record=False``: the record has no ts (filled at flush from
+    clock marks); ``marks``: this emit reads the clock and leaves a mark ``(seq, ts)``."""
     params = _EMITS[fam_name] + (", page_ids=None" if with_ids else "")
     fields = _record_fields(FAMILIES[fam_name])[2:]  # after ts_ns, seq
     args = ", ".join(fields)
     name = "pool_ids" if with_ids else fam_name
     clock = "t = now[0] = mono() - anchor" if reads_clock else "t = now[0]"
+    if marks:
+        clock += "\n    mark((s, t))"
+    if not ts_in_record:
+        clock = "pass"
     if fam_name in ROW_FAMILIES:
         return (
             f"def {name}({params}):\n"
@@ -67,13 +74,14 @@ def _gen_emit(fam_name: str, reads_clock: bool, with_ids: bool = False) -> str:
     side = "        side.append((off // size, page_ids))\n" if with_ids else ""
     off = "off = next(ctr)" if with_ids else ""
     slot = "off" if with_ids else "next(ctr)"
+    rec = f"t, s, {args}" if ts_in_record else f"s, {args}"
     return (
         f"def {name}({params}):\n"
         f"    s = next(seq)\n    {clock}\n"
         f"    data, ctr, side = cur[0]\n"
         f"    try:\n"
         f"        {off}\n"
-        f"        pack(data, {slot}, t, s, {args})\n{side}"
+        f"        pack(data, {slot}, {rec})\n{side}"
         f"    except error:\n"
-        f"        full(s, (t, s, {args}){', page_ids' if with_ids else ''})\n"
+        f"        full(s, ({rec}){', page_ids' if with_ids else ''})\n"
     )

@@ -43,6 +43,8 @@ from tracer.emitgen import _READS_CLOCK, _gen_emit
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
 log = logging.getLogger("kvtrace.tracer")
+_MARKED = frozenset({"pool", "cache"})  # ts filled at flush from clock marks (clock != "event")
+_CLOCK_ROWS = frozenset({"sched", "stats"})  # struct rows that carry their own clock reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,12 @@ class Recorder:
         self.rank = _manifest.claim_rank(self.dir, rank, self.info)
         self.seq = itertools.count(1)
         self.now = [0 if self.opts.clock == "manual" else time.monotonic_ns() - self.anchor_ns]
-        self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events) for f in STRUCT_FAMILIES}
+        # pool/cache rows leave ts out of the record unless clock="event": the flusher fills it
+        # from clock marks (seq, ts) left by tick/set_clock and by every emit that reads the clock.
+        self.marks: list[tuple[int, int]] = []
+        self.mark_carry = (np.zeros(1, np.int64), np.full(1, self.now[0], np.int64))
+        self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events, ts_in_record=not self._marked(f))
+                        for f in STRUCT_FAMILIES}
         self.rows = {f: RowBuffer(FAMILIES[f], self.opts.row_buffer_events) for f in ROW_FAMILIES}
         self.drops = Drops()
         self.segments: dict[str, _segments.StreamSegment] = {}
@@ -119,14 +126,23 @@ class Recorder:
         self._thread.start()
 
     # ---------------------------------------------------------------- emit functions
+    def _marked(self, family: str) -> bool:
+        """Rows of ``family`` take ts from clock marks at flush (no ts in the hot-path record)."""
+        return self.opts.clock != "event" and family in _MARKED
+
     def _build_emits(self) -> dict:
         emits = {}
         mono, anchor = time.monotonic_ns, self.anchor_ns
         for name in STRUCT_FAMILIES + ROW_FAMILIES:
             reads_clock = self.opts.clock == "event" or (self.opts.clock == "step" and name in _READS_CLOCK)
+            # Clock-reading struct rows (sched, stats) are marks already: the flusher reads their
+            # (seq, ts) columns. Only the rare row-family emits append a mark.
+            gen = {"ts_in_record": not self._marked(name),
+                   "marks": reads_clock and self.opts.clock == "step" and name in ROW_FAMILIES}
             variants = [(name, False)] + ([("pool_ids", True)] if name == "pool" else [])
             for fn_name, with_ids in variants:
-                ns = {"next": next, "seq": self.seq, "now": self.now, "mono": mono, "anchor": anchor}
+                ns = {"next": next, "seq": self.seq, "now": self.now, "mono": mono, "anchor": anchor,
+                      "mark": self.marks.append}
                 if name in self.structs:
                     b = self.structs[name]
                     ns.update(cur=b.cur, pack=b.struct.pack_into, error=struct.error, size=b.size,
@@ -134,24 +150,27 @@ class Recorder:
                 else:
                     b = self.rows[name]
                     ns.update(cur=b.cur, lock=b.lock, cap=b.capacity, full=self._row_full_handler(b))
-                exec(compile(_gen_emit(name, reads_clock, with_ids), f"<kvtrace emit {fn_name}>", "exec"), ns)
+                src = _gen_emit(name, reads_clock, with_ids, **gen)
+                exec(compile(src, f"<kvtrace emit {fn_name}>", "exec"), ns)
                 emits[fn_name] = ns[fn_name]
         if self.opts.detail != "pages":
             pool = emits["pool"]
             emits["pool_ids"] = lambda p, o, r, n, np_=0, d=0, page_ids=None: pool(p, o, r, n, np_, d)
 
-        now, seq = self.now, self.seq
+        now, seq, mark = self.now, self.seq, self.marks.append
 
         if self.opts.clock == "manual":
             def tick() -> int:
                 return now[0]
 
             def set_clock(ts_ns: int) -> int:
-                now[0] = int(ts_ns)
-                return now[0]
+                t = now[0] = int(ts_ns)
+                mark((peek_count(seq), t))
+                return t
         else:
             def tick() -> int:
                 t = now[0] = mono() - anchor
+                mark((peek_count(seq), t))
                 return t
 
             def set_clock(ts_ns: int) -> int:
@@ -207,6 +226,8 @@ class Recorder:
             seqs = arr["seq"]
             bool(seqs.all()), int((seqs != 0).sum()), np.argsort(seqs, kind="stable")
             arrays = [pa.array(np.ascontiguousarray(arr[f])) for f in b.dtype.names]
+            if not b.ts_in_record:
+                arrays.insert(0, pa.array(np.zeros(1, np.int64)))
             if name == "pool":
                 arrays.append(page_ids_column([(0, [1])], 1))
             pa.RecordBatch.from_arrays(arrays, schema=b.fam.arrow_schema(stored=False)).serialize()
@@ -241,10 +262,16 @@ class Recorder:
             return False
         with self._io_lock:
             try:
-                for name, b in self.structs.items():
-                    if force or self._due(b):
-                        self._flush_struct(name, b)
-                        yield_gil()
+                due = {name for name, b in self.structs.items() if force or self._due(b)}
+                if due & (_MARKED | _CLOCK_ROWS):  # marked rows and their marks flush together
+                    due |= _MARKED | _CLOCK_ROWS
+                s_swap = peek_count(self.seq)  # rows from here on go to the next cycle
+                swapped = {name: self._swap_struct(self.structs[name]) for name in self.structs if name in due}
+                # After the swaps every swapped row's mark is in; nothing swapped: marks wait.
+                marks = self._take_marks(swapped, s_swap) if swapped else None
+                for name, bufs in swapped.items():
+                    self._flush_struct(name, self.structs[name], bufs, marks)
+                    yield_gil()
                 for name in ROW_FAMILIES:
                     b = self.rows[name]
                     if name == "drops":
@@ -257,19 +284,45 @@ class Recorder:
                 self._fail(e)
                 return False
 
-    def _flush_struct(self, name: str, b: StructBuffer) -> None:
+    @staticmethod
+    def _swap_struct(b: StructBuffer) -> list:
         with b.lock:
             bufs, b.pending = b.pending, []
         bufs.append(b.swap())
+        return bufs
+
+    def _take_marks(self, swapped: dict, s_swap: int) -> tuple[np.ndarray, np.ndarray]:
+        """Clock marks as (seq, ts) arrays sorted by seq: those carried over, tick/set_clock and
+        row-family marks, and the (seq, ts) of swapped sched/stats rows. Keeps for next time the
+        marks rows at or after ``s_swap`` (not flushed in this cycle) may need."""
+        taken = self.marks[:]
+        del self.marks[: len(taken)]  # an append racing in lands after the slice: kept
+        seqs = [self.mark_carry[0], np.array([m[0] for m in taken], np.int64)]
+        tss = [self.mark_carry[1], np.array([m[1] for m in taken], np.int64)]
+        for name in _CLOCK_ROWS & swapped.keys():
+            b = self.structs[name]
+            for buf in swapped[name]:
+                arr = np.frombuffer(buf[0], dtype=b.dtype, count=b.reserved(buf))
+                ok = arr["seq"] != 0
+                seqs.append(arr["seq"][ok])
+                tss.append(arr["ts_ns"][ok])
+        seq, ts = np.concatenate(seqs), np.concatenate(tss)
+        order = np.argsort(seq, kind="stable")
+        seq, ts = seq[order], ts[order]
+        keep = max(int(np.searchsorted(seq, s_swap, side="left")) - 1, 0)
+        self.mark_carry = (seq[keep:].copy(), ts[keep:].copy())
+        return seq, ts
+
+    def _flush_struct(self, name: str, b: StructBuffer, bufs: list, marks) -> None:
         for buf in bufs:
             n = b.reserved(buf)
-            torn = self._write_struct(name, b, buf, n) if n else 0
+            torn = self._write_struct(name, b, buf, n, marks) if n else 0
             if not torn:  # a torn slot may still be written late: never reuse that buffer
                 b.recycle(buf, n)
         if not b.free:
             b.free.append(b._new())
 
-    def _write_struct(self, name: str, b: StructBuffer, buf: tuple, n: int) -> int:
+    def _write_struct(self, name: str, b: StructBuffer, buf: tuple, n: int, marks) -> int:
         """Append the first ``n`` records of ``buf`` to the segment; returns torn records."""
         data, _ctr, side = buf
         arr = np.frombuffer(data, dtype=b.dtype, count=n)
@@ -282,6 +335,9 @@ class Recorder:
         torn = int(n - keep.sum())
         yield_gil()
         arrays = []
+        if not b.ts_in_record:  # ts of the latest clock mark at or before each row's seq
+            idx = np.searchsorted(marks[0], seqs, side="right") - 1
+            arrays.append(pa.array(marks[1][np.maximum(idx, 0)]))
         for f in b.dtype.names:
             arrays.append(pa.array(np.ascontiguousarray(arr[f])))
             yield_gil()

@@ -145,3 +145,41 @@ def test_set_clock_needs_manual_mode(tmp_path):
     tracer.start(tmp_path / "t")
     with pytest.raises(RuntimeError, match="clock='manual'"):
         tracer.set_clock(5)
+
+
+def test_step_clock_marks_give_pool_and_cache_rows_their_step_time(tmp_path):
+    tracer.start(tmp_path / "t", flush_interval_ms=60_000, poll_interval_ms=60_000)
+    t1 = tracer.tick()
+    tracer.pool(Pool.FULL, PoolOp.ALLOC, 1, 1)
+    tracer.flush()  # the mark of t1 must carry over to rows of the next flush
+    tracer.pool(Pool.FULL, PoolOp.ALLOC, 2, 1)
+    tracer.sched(SchedKind.STEP, 1, Mode.DECODE, 1, 1, 0)  # reads the clock: a new mark
+    tracer.pool(Pool.FULL, PoolOp.ALLOC, 3, 1)
+    t3 = tracer.tick()
+    tracer.cache(CacheOp.MATCH, 3, 16)
+    tracer.stop()
+    tr = open_trace(tmp_path / "t")
+    t2 = tr.table("sched").column("ts_ns").to_pylist()[0]
+    assert t1 < t2 < t3
+    assert tr.table("pool").column("ts_ns").to_pylist() == [t1, t1, t2]
+    assert tr.table("cache").column("ts_ns").to_pylist() == [t3]
+
+
+def test_event_clock_keeps_ts_in_every_record(tmp_path):
+    tracer.start(tmp_path / "t", clock="event")
+    for i in range(3):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
+    tracer.stop()
+    ts = open_trace(tmp_path / "t").table("pool").column("ts_ns").to_pylist()
+    assert ts == sorted(ts) and len(set(ts)) == 3
+
+
+def test_marks_survive_flushes_that_write_nothing(tmp_path):
+    rec = tracer.start(tmp_path / "t", flush_interval_ms=60_000, poll_interval_ms=60_000)
+    t1 = tracer.tick()
+    tracer.pool(Pool.FULL, PoolOp.ALLOC, 1, 1)
+    t2 = tracer.tick()
+    tracer.pool(Pool.FULL, PoolOp.ALLOC, 2, 1)
+    rec.flush(force=False)  # nothing half full: nothing written, no mark may be lost
+    tracer.stop()
+    assert open_trace(tmp_path / "t").table("pool").column("ts_ns").to_pylist() == [t1, t2]
