@@ -65,17 +65,8 @@ _leaf_types: tuple[type, ...] = ()
 _swa_types: tuple[type, ...] = ()
 _fast_types: frozenset = frozenset()  # leaf classes whose available_size() is the base formula
 # type -> is a leaf / an SWA composite (isinstance on these ABCs costs ~1 us: cached per type)
-_is_leaf: dict[type, bool] = {}
 _is_swa: dict[type, bool] = {}
 _pm: list = [None, False]  # (recorder, detail == "pages")
-
-
-def _leaf(obj) -> bool:
-    t = type(obj)
-    r = _is_leaf.get(t)
-    if r is None:
-        r = _is_leaf[t] = isinstance(obj, _leaf_types)
-    return r
 
 
 def _swa(obj) -> bool:
@@ -408,11 +399,9 @@ def install(patcher, lazy: bool = False) -> int:
     token = target("sglang.srt.mem_cache.allocator.token", lazy)
     n = 0
     if base is not None and paged is not None and token is not None:
-        Base = base.BaseTokenToKVPoolAllocator
         Token, Paged = token.TokenToKVPoolAllocator, paged.PagedTokenToKVPoolAllocator
         _leaf_types = (Token, Paged)
         _fast_types = frozenset((Token, Paged))
-        _is_leaf.clear()
         # Wrapped on the leaf classes only (inherited base methods are added to each leaf), so
         # the SWA composite's calls into the base class run unwrapped.
         for name, kind in LEAF_METHODS.items():
