@@ -413,7 +413,6 @@ def install(patcher, lazy: bool = False) -> int:
         for leaf in _leaf_types:
             n += patcher.wrap_inherited(leaf, "merge_and_sort_free", _make_merge())
             n += patcher.wrap_method(leaf, "__init__", _make_leaf_init())
-        del Base
     swa = target("sglang.srt.mem_cache.allocator.swa", lazy)
     if swa is not None:
         S = swa.SWATokenToKVPoolAllocator
