@@ -119,3 +119,43 @@ def test_req_to_token_rows_and_pages_detail(tmp_path):
     assert [r["op"] for r in full] == ["alloc", "free"]
     assert sorted(full[0]["page_ids"]) == sorted(full[1]["page_ids"]) == [1, 2]
     assert hooks.failures == {}
+
+
+@pytest.mark.parametrize("detail", ["counts", "pages"])
+def test_decode_allocation_is_measured_around_prepare_for_decode(tmp_path, detail):
+    """alloc_decode is not wrapped: the prepare_for_decode hook writes one alloc row per pool
+    for what the rows written inside it (here a free, as an eviction would) do not explain."""
+    import types
+
+    from tests.sglang.hooks_fixtures import torch_ints
+    from tracer.sglang.allocators import measure_decode
+
+    with recording(tmp_path / "t", detail=detail) as path, runtime(**SWA16) as rt:
+        a = rt.allocator
+        out = extend(a, [0] * 4, [16, 32, 20, 16], [-1] * 4)  # 1 + 2 + 2 + 1 pages each side
+        batch = types.SimpleNamespace(token_to_kv_pool_allocator=a, out_cache_loc=None)
+        last = torch_ints([int(out[15]), int(out[47]), int(out[67])])
+
+        def prepare(b):  # a free inside (as an eviction would), then the decode step
+            a.free_segment(out[68:], start_pos=0)  # request 3
+            seq = torch_ints([17, 33, 21])  # 17 and 33 start a page, 21 does not
+            b.out_cache_loc = a.alloc_decode(seq, seq, last)
+
+        hooks.sample()
+        measure_decode(batch, prepare)
+        hooks.sample()
+        final = used(a)
+        loc = batch.out_cache_loc
+        new_full = sorted(int(x) // 16 for x in loc if int(x) % 16 == 0)
+        swa_loc = a.translate_loc_from_full_to_swa(loc)
+        new_swa = sorted(int(x) // 16 for x in swa_loc if int(x) % 16 == 0)
+    assert final == {"full": 96 - 16 + 32, "swa": 96 - 16 + 32}
+    assert _ops(path, "full") == [("alloc", 96), ("free", 16), ("alloc", 32)]
+    assert _ops(path, "swa") == [("alloc", 96), ("free", 16), ("alloc", 32)]
+    n, bad = ledger_mismatches(path)
+    assert n == 4 and not bad, bad
+    if detail == "pages":
+        for pool, want in (("full", new_full), ("swa", new_swa)):
+            last_row = [r for r in rows(path, "pool") if r["pool"] == pool][-1]
+            assert len(want) == 2 and sorted(last_row["page_ids"]) == want
+    assert hooks.failures == {}

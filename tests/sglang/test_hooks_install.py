@@ -47,15 +47,27 @@ def test_install_idempotent_and_uninstall_restores_exact_originals():
     before = _snapshot()
     n = hooks.install()
     assert n > 50 and hooks.is_installed()
+    # every hot-path wrapper has its original's exact parameters (else a pass-through + failure)
+    assert not [k for k in hooks.failures if k.startswith("install.")], dict(hooks.failures)
     assert hooks.install() == 0  # idempotent: nothing wrapped twice
     from sglang.srt.mem_cache import common
     from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator as Paged
     from sglang.srt.mem_cache.unified_cache.components import swa as swa_comp
 
-    assert Paged.__dict__["alloc_decode"] is not before[(Paged, "alloc_decode")]
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator as Token
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    assert Paged.__dict__["alloc_extend"] is not before[(Paged, "alloc_extend")]
+    # every paged free funnels through _release_page_ids: only that is wrapped on Paged itself
+    assert Paged.__dict__["_release_page_ids"] is not before[(Paged, "_release_page_ids")]
+    assert Paged.__dict__["free_page_ids"] is before[(Paged, "free_page_ids")]
+    assert "free_segments" not in Paged.__dict__
+    assert "free_segments" in Token.__dict__  # inherited base method: wrapped on the leaf only
+    # decode allocation is measured around prepare_for_decode, not per leaf call
+    assert Paged.__dict__["alloc_decode"] is before[(Paged, "alloc_decode")]
+    assert ScheduleBatch.__dict__["prepare_for_decode"] is not before[(ScheduleBatch, "prepare_for_decode")]
     assert swa_comp.free_swa_out_of_window_slots is common.free_swa_out_of_window_slots
     assert common.free_swa_out_of_window_slots is not before[(common, "free_swa_out_of_window_slots")]
-    assert "free_segments" in Paged.__dict__  # inherited base method: wrapped on the leaf only
     hooks.uninstall()
     hooks.uninstall()  # idempotent
     after = _snapshot()

@@ -101,3 +101,32 @@ def test_scheduler_loop_boundary_writes_one_step_row_per_iteration(tmp_path):
     assert [r["forward_ct"] for r in steps[:3]] == [1, 2, 3]
     assert all(r["step_ns"] > 0 for r in steps)  # the idle spin: one row per KVTRACE_IDLE_SAMPLE_MS
     assert len(calls) == 53
+
+
+def test_exact_wrappers_fall_back_to_a_counted_pass_through_on_other_parameters():
+    from tracer.sglang import state
+    from tracer.sglang.patching import exact, exact_only, params_of
+
+    def lock(self, node_id: int, skip_lock_components=()) -> None:
+        return (node_id, skip_lock_components)
+
+    assert params_of(lock) == "(self, node_id, skip_lock_components=())"
+    calls = []
+
+    def make(orig):
+        def w(self, node_id, skip_lock_components=()):
+            calls.append(node_id)
+            return orig(self, node_id, skip_lock_components)
+        return w
+
+    state.failures.clear()
+    w = exact_only("(self, node_id, skip_lock_components=())", make)(lock)
+    assert w(None, 3) == (3, ()) and calls == [3] and not state.failures
+    # another signature: the original runs untouched through a pass-through, counted once
+    other = exact_only("(self, node_id)", make)(lock)
+    assert other(None, 4, skip_lock_components=(1,)) == (4, (1,)) and calls == [3]
+    assert list(state.failures) == ["install.test_exact_wrappers_fall_back_to_a_counted_pass_through_on_other_parameters.<locals>.lock"]
+    state.failures.clear()
+    # exact(): the generic wrapper instead
+    g = exact("(self)", make, lambda orig: (lambda *a, **k: ("generic", orig(*a, **k))))(lock)
+    assert g(None, 5) == ("generic", (5, ()))

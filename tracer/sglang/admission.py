@@ -20,11 +20,11 @@ admission's own lock (``_commit_prefill_admission``) does.
 
 from __future__ import annotations
 
-from time import perf_counter_ns
 
 import tracer
 from tracer.schema import SchedKind, Verdict
 from tracer.sglang import state
+from tracer.sglang.patching import exact_only
 
 _NOOP = state._NOOP
 ADMIT, RETRACT = int(SchedKind.ADMIT), int(SchedKind.RETRACT)
@@ -42,15 +42,26 @@ _cur_rid = state.cur_rid
 
 def _make_check_prefill():
     def make(orig):
-        def check_prefill(self, *args, **kwargs):
-            out = orig(self, *args, **kwargs)
+        def check_prefill(self, *, extend_input_len, total_tokens, max_new_tokens, input_tokens,
+                          swa_host_hit_length, chunk_limit, auxiliary_swa_host_hit_length=0):
+            out = orig(self, extend_input_len=extend_input_len, total_tokens=total_tokens,
+                       max_new_tokens=max_new_tokens, input_tokens=input_tokens,
+                       swa_host_hit_length=swa_host_hit_length, chunk_limit=chunk_limit,
+                       auxiliary_swa_host_hit_length=auxiliary_swa_host_hit_length)
             if _chk[0]:
-                _chk[1], _chk[2], _chk[3] = self, kwargs, out
+                _chk[1], _chk[3] = self, out
+                _chk[2] = {"extend_input_len": extend_input_len, "total_tokens": total_tokens,
+                           "max_new_tokens": max_new_tokens, "chunk_limit": chunk_limit,
+                           "swa_host_hit_length": swa_host_hit_length}
             return out
 
         return check_prefill
 
     return make
+
+
+_CHECK_PARAMS = ("(self, *, extend_input_len, total_tokens, max_new_tokens, input_tokens, "
+                 "swa_host_hit_length, chunk_limit, auxiliary_swa_host_hit_length=0)")
 
 
 def _swa_needed(budget, kw) -> int:
@@ -71,46 +82,83 @@ def _budgets(adder) -> tuple[int, int]:
     return rem_total, rem_swa
 
 
-def _make_add(chunked: bool):
+def _admit_pre(adder, req, chunked: bool):
+    """Before an admission attempt: (rid, prefix, host_hit, requested, n0, previous rid), or
+    None when the request cannot be read (the attempt then runs unobserved)."""
+    try:
+        prefix0 = int(req.prefix_len)
+        host_hit = 0 if chunked else int(getattr(req, "host_hit_length", 0) or 0)
+        requested = len(req.full_untruncated_fill_ids) - prefix0 - host_hit
+        n0 = len(adder.can_run_list)
+    except Exception as e:
+        state.note_failure("admission.pre", e)
+        return None
+    try:  # state.rid_of(req), the common case (an id already seen) inlined
+        rid = _rids_get(req.rid)
+    except Exception:
+        rid = None
+    if rid is None:
+        rid = state.rid_of(req)
+    chk = _chk
+    chk[0] = True
+    chk[1] = chk[2] = chk[3] = None
+    prev_rid, _cur_rid[0] = _cur_rid[0], rid
+    state.admission_pin[0] += 1
+    return rid, prefix0, host_hit, requested, n0, prev_rid
+
+
+def _admit_post(adder, req, chunked: bool, pre, out) -> None:
+    rid, prefix0, host_hit, requested, n0, prev_rid = pre
+    state.admission_pin[0] -= 1
+    _cur_rid[0] = prev_rid
+    chk = list(_chk)
+    _chk[0] = False
+    try:
+        _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk)
+    except Exception as e:
+        state.note_failure("admission.add", e)
+
+
+def _make_add_one():
+    """``add_one_req(req, has_chunked_req, truncation_align_size)``."""
+
     def make(orig):
-        def add(self, req, *args, **kwargs):
+        def add_one_req(self, req, has_chunked_req, truncation_align_size):
             if tracer.pool is _NOOP:
-                return orig(self, req, *args, **kwargs)
-            try:
-                prefix0 = int(req.prefix_len)
-                host_hit = 0 if chunked else int(getattr(req, "host_hit_length", 0) or 0)
-                requested = len(req.full_untruncated_fill_ids) - prefix0 - host_hit
-                n0 = len(self.can_run_list)
-            except Exception as e:
-                state.note_failure("admission.pre", e)
-                return orig(self, req, *args, **kwargs)
-            try:  # state.rid_of(req), the common case (an id already seen) inlined
-                rid = _rids_get(req.rid)
-            except Exception:
-                rid = None
-            if rid is None:
-                rid = state.rid_of(req)
-            chk = _chk
-            chk[0] = True
-            chk[1] = chk[2] = chk[3] = None
-            cur = _cur_rid
-            prev_rid, cur[0] = cur[0], rid
-            state.admission_pin[0] += 1
+                return orig(self, req, has_chunked_req, truncation_align_size)
+            pre = _admit_pre(self, req, False)
+            if pre is None:
+                return orig(self, req, has_chunked_req, truncation_align_size)
             out = None
             try:
-                out = orig(self, req, *args, **kwargs)
+                out = orig(self, req, has_chunked_req, truncation_align_size)
                 return out
             finally:
-                state.admission_pin[0] -= 1
-                cur[0] = prev_rid
-                chk = list(chk)
-                _chk[0] = False
-                try:
-                    _emit_admit(self, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk)
-                except Exception as e:
-                    state.note_failure("admission.add", e)
+                _admit_post(self, req, False, pre, out)
 
-        return add
+        return add_one_req
+
+    return make
+
+
+def _make_add_chunked():
+    """``add_chunked_req(req)``: the continuing chunk of a chunked prefill."""
+
+    def make(orig):
+        def add_chunked_req(self, req):
+            if tracer.pool is _NOOP:
+                return orig(self, req)
+            pre = _admit_pre(self, req, True)
+            if pre is None:
+                return orig(self, req)
+            out = None
+            try:
+                out = orig(self, req)
+                return out
+            finally:
+                _admit_post(self, req, True, pre, out)
+
+        return add_chunked_req
 
     return make
 
@@ -119,10 +167,10 @@ def _make_commit():
     """The admission's own lock (``_commit_prefill_admission``) is recorded, unlike the pin."""
 
     def make(orig):
-        def commit(self, *args, **kwargs):
+        def commit(self, req, admission, mamba_gap_reserve):
             state.admission_pin[1] += 1
             try:
-                return orig(self, *args, **kwargs)
+                return orig(self, req, admission, mamba_gap_reserve)
             finally:
                 state.admission_pin[1] -= 1
 
@@ -200,12 +248,16 @@ def install(patcher, lazy: bool = False) -> int:
     n = 0
     sp = target("sglang.srt.managers.schedule_policy", lazy)
     if sp is not None:
-        n += patcher.wrap_method(sp.PrefillAdder, "add_one_req", _make_add(False))
-        n += patcher.wrap_method(sp.PrefillAdder, "add_chunked_req", _make_add(True))
-        n += patcher.wrap_method(sp.PrefillAdder, "_commit_prefill_admission", _make_commit())
+        A = sp.PrefillAdder
+        n += patcher.wrap_method(A, "add_one_req", exact_only(
+            "(self, req, has_chunked_req, truncation_align_size)", _make_add_one()))
+        n += patcher.wrap_method(A, "add_chunked_req", exact_only("(self, req)", _make_add_chunked()))
+        n += patcher.wrap_method(A, "_commit_prefill_admission", exact_only(
+            "(self, req, admission, mamba_gap_reserve)", _make_commit()))
     pb = target("sglang.srt.mem_cache.prefill_budget", lazy)
     if pb is not None:
-        n += patcher.wrap_method_tree(pb.PrefillBudget, "check_prefill", _make_check_prefill())
+        n += patcher.wrap_method_tree(pb.PrefillBudget, "check_prefill",
+                                      exact_only(_CHECK_PARAMS, _make_check_prefill()))
     sb = target("sglang.srt.managers.schedule_batch", lazy)
     if sb is not None:
         n += patcher.wrap_function(sb, "release_req", _make_release_req())

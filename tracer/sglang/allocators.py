@@ -21,6 +21,18 @@ release rows; empty groups (most decode steps) leave no rows. A plain allocator'
 shows as free rows without markers (wrapping every leaf's group end would cost a call per group
 on the hot path of SWA models too).
 
+Fewest wrapped calls on the hot path (each costs about a microsecond in the scheduler loop):
+
+- every free of the paged leaf reaches the free list through ``_release_page_ids`` (``free``,
+  ``free_page_ids``, ``free_segment(s)``, ``free_full*``, group ends), so on
+  ``PagedTokenToKVPoolAllocator`` itself only that funnel, the allocations and ``clear`` /
+  ``resize`` are wrapped (subclasses that override any leaf method are wrapped there too);
+- decode allocation (``alloc_decode``, two leaf calls per decode step on SWA models) is not
+  wrapped: ``measure_decode`` reads the leaves around ``ScheduleBatch.prepare_for_decode`` (its
+  only caller in 0.5.23, through ``alloc_for_decode``) and writes one ``alloc`` row per pool for
+  what the rows written inside (evictions, out-of-window frees) do not explain. Those rows carry
+  the duration of ``prepare_for_decode``.
+
 ``ReqToTokenPool`` rows are in ``req_pool.py``.
 
 Reads only CPU-side values: free-list tensor shapes and Python counters. Page ids
@@ -37,6 +49,7 @@ from tracer.sglang import state
 from tracer.sglang.page_ids import alloc_page_ids as _alloc_page_ids
 from tracer.sglang.page_ids import capture_inner as _capture_inner
 from tracer.sglang.page_ids import ids_numpy as _ids_numpy
+from tracer.sglang.patching import exact, exact_only
 
 _NOOP = state._NOOP
 FULL, SWA = int(Pool.FULL), int(Pool.SWA)
@@ -48,7 +61,6 @@ MERGE, CLEAR = int(PoolOp.MERGE), int(PoolOp.CLEAR)
 LEAF_METHODS: dict[str, str] = {
     "alloc": "alloc",
     "alloc_extend": "alloc",
-    "alloc_decode": "alloc",
     "free": "free",
     "free_page_ids": "free",
     "free_segment": "free",
@@ -60,6 +72,8 @@ LEAF_METHODS: dict[str, str] = {
     "clear": "clear",
     "resize": "clear",
 }
+# On the paged leaf class itself: the funnel every free passes through, allocations, clears.
+PAGED_METHODS = ("alloc", "alloc_extend", "_release_page_ids", "clear", "resize")
 
 _leaf_types: tuple[type, ...] = ()
 _swa_types: tuple[type, ...] = ()
@@ -67,6 +81,9 @@ _fast_types: frozenset = frozenset()  # leaf classes whose available_size() is t
 # type -> is a leaf / an SWA composite (isinstance on these ABCs costs ~1 us: cached per type)
 _is_swa: dict[type, bool] = {}
 _pm: list = [None, False]  # (recorder, detail == "pages")
+# Rows written inside a measured outer call (``measure_decode``): [depth, net slots per pool
+# (alloc +, free -)], so the outer call writes only what they do not explain.
+_led: list = [0, [0] * 8]
 
 
 def _swa(obj) -> bool:
@@ -99,6 +116,8 @@ def _pages_mode() -> bool:
 
 def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
     state.dirty[0] = True
+    if _led[0] and op <= FREE:  # (ALLOC 0, FREE 1)
+        _led[1][pool] += n if op == ALLOC else -n
     if ids is None:
         tracer.pool(pool, op, state.cur_rid[0], n, n // ps if ps > 1 else n, dur_ns)
     else:
@@ -146,64 +165,105 @@ def _account(a, kind: str, name: str, before: int, dur_ns: int, args, kwargs, ou
         _emit(pool, CLEAR, -delta, ps, 0)
 
 
+_GENERAL = object()  # _leaf_pre: measure through _general
+
+
+def _leaf_pre(self, simple: bool, name: str, args):
+    """Start measuring a leaf op: None (run it unmeasured: nested or under construction),
+    ``_GENERAL`` (the general path) or ``(before, staged)`` with the leaf marked busy."""
+    d = self.__dict__
+    if d.get("_kvt_busy"):
+        if "_kvt_cap" in d:  # detail=pages: collect the ids actually released
+            _capture_inner(self, name, args, d["_kvt_cap"])
+        return None
+    if tracer._active is not _pm[0]:
+        _pages_mode()
+    if not simple or _pm[1] or type(self) not in _fast_types:
+        return _GENERAL
+    try:
+        staged = d.get("num_staged_pages")  # numel(): the cheapest size of a 1-D tensor
+        if staged is None:
+            before = d["free_pages"].numel() + d["release_pages"].numel()
+        else:
+            before = (d["free_pages"].numel() + staged) * d["page_size"]
+    except Exception:  # under construction (free list not built yet)
+        return None
+    d["_kvt_busy"] = True
+    return before, staged
+
+
+def _leaf_post(self, pre, dur: int, out, kind: str, name: str, args, kwargs) -> None:
+    """Finish ``_leaf_pre``: one ``alloc``/``free`` row for the change of available size (an
+    ``alloc_fail`` row for a failed allocation)."""
+    d = self.__dict__
+    d["_kvt_busy"] = False
+    before, staged = pre
+    try:
+        fp = d["free_pages"]
+        if staged is None:
+            delta = before - fp.numel() - d["release_pages"].numel()
+        else:
+            delta = before - (fp.numel() + d["num_staged_pages"]) * d["page_size"]
+        if delta:
+            pool = d.get("_kvt_pool", FULL)
+            if pool is not None:
+                state.dirty[0] = True
+                ps = d["page_size"]
+                n = delta if delta > 0 else -delta
+                if _led[0]:
+                    _led[1][pool] += delta
+                tracer.pool(pool, ALLOC if delta > 0 else FREE, state.cur_rid[0], n, n // ps, dur)
+        elif out is None and kind == "alloc":
+            _account_delta(self, kind, name, delta, dur, args, kwargs)
+    except Exception as e:
+        state.note_failure(f"allocator.{name}", e)
+
+
 def _make_leaf(kind: str, name: str):
     """Wrapper factory for one leaf method. The common case (counts detail, token/paged leaf,
-    not a group end or clear) is inlined: in the scheduler's hot loop every extra Python call
-    costs about a microsecond."""
+    not a group end or clear) is measured by ``_leaf_pre``/``_leaf_post``; ``_release_page_ids``
+    (every paged free) forwards its usual single argument with an exact call."""
     simple = kind in ("alloc", "free")
 
-    def make(orig):
+    def generic(orig):
         def leaf_op(self, *args, **kwargs):
             if tracer.pool is _NOOP:
                 return orig(self, *args, **kwargs)
-            d = self.__dict__
-            if d.get("_kvt_busy"):
-                if "_kvt_cap" in d:  # detail=pages: collect the ids actually released
-                    _capture_inner(self, name, args, d["_kvt_cap"])
+            pre = _leaf_pre(self, simple, name, args)
+            if pre is None:
                 return orig(self, *args, **kwargs)
-            if tracer._active is not _pm[0]:
-                _pages_mode()
-            if not simple or _pm[1] or type(self) not in _fast_types:
+            if pre is _GENERAL:
                 return _general(self, orig, kind, name, args, kwargs)
-            try:
-                staged = d.get("num_staged_pages")  # numel(): the cheapest size of a 1-D tensor
-                if staged is None:
-                    before = d["free_pages"].numel() + d["release_pages"].numel()
-                else:
-                    before = (d["free_pages"].numel() + staged) * d["page_size"]
-            except Exception:  # under construction (free list not built yet)
-                return orig(self, *args, **kwargs)
-            d["_kvt_busy"] = True
             out = None
             t0 = perf_counter_ns()
             try:
                 out = orig(self, *args, **kwargs)
                 return out
             finally:
-                dur = perf_counter_ns() - t0
-                d["_kvt_busy"] = False
-                try:
-                    fp = d["free_pages"]
-                    if staged is None:
-                        delta = before - fp.numel() - d["release_pages"].numel()
-                    else:
-                        delta = before - (fp.numel() + d["num_staged_pages"]) * d["page_size"]
-                    if delta:
-                        pool = d.get("_kvt_pool", FULL)
-                        if pool is not None:
-                            state.dirty[0] = True
-                            ps = d["page_size"]
-                            n = delta if delta > 0 else -delta
-                            tracer.pool(pool, ALLOC if delta > 0 else FREE, state.cur_rid[0], n,
-                                        n // ps, dur)
-                    elif out is None and kind == "alloc":
-                        _account_delta(self, kind, name, delta, dur, args, kwargs)
-                except Exception as e:
-                    state.note_failure(f"allocator.{name}", e)
+                _leaf_post(self, pre, perf_counter_ns() - t0, out, kind, name, args, kwargs)
 
         return leaf_op
 
-    return make
+    def release(orig):
+        def _release_page_ids(self, *page_ids):
+            if tracer.pool is _NOOP:
+                return orig(self, *page_ids)
+            pre = _leaf_pre(self, True, name, page_ids)
+            if pre is None:
+                return orig(self, *page_ids)
+            if pre is _GENERAL:
+                return _general(self, orig, kind, name, page_ids, {})
+            t0 = perf_counter_ns()
+            try:
+                return orig(self, page_ids[0]) if len(page_ids) == 1 else orig(self, *page_ids)
+            finally:
+                _leaf_post(self, pre, perf_counter_ns() - t0, True, kind, name, page_ids, None)
+
+        return _release_page_ids
+
+    if name == "_release_page_ids":
+        return exact("(self, *page_ids)", release, generic)
+    return generic
 
 
 def _account_delta(a, kind: str, name: str, delta: int, dur_ns: int, args, kwargs) -> None:
@@ -282,6 +342,101 @@ def _make_merge():
     return make
 
 
+# ------------------------------------------------------------------ decode allocation
+def _leaves(a) -> tuple:
+    """``((leaf, pool, leaf.__dict__ or None), ...)`` of a top-level allocator: the SWA
+    composite's two leaves, or the allocator itself (the ``__dict__`` when the leaf's available
+    size is the token/paged formula, read inline). Cached on it (``_kvt_leaves``; ``tag_swa``
+    resets it)."""
+    d = a.__dict__
+    lv = d.get("_kvt_leaves")
+    if lv is None:
+        if _swa_types and _swa(a):
+            tag_swa(a)
+            cands = (d.get("full_attn_allocator"), d.get("swa_attn_allocator"))
+        else:
+            cands = (a,)
+        out = []
+        for leaf in cands:
+            if leaf is None or any(leaf is x[0] for x in out):
+                continue
+            pool = leaf.__dict__.get("_kvt_pool", FULL)
+            if pool is not None:
+                out.append((leaf, pool, leaf.__dict__ if type(leaf) in _fast_types else None))
+        lv = d["_kvt_leaves"] = tuple(out)
+    return lv
+
+
+def _decode_ids(batch, a, pool: int):
+    """detail=pages: the pages a decode step took, from the slots it returned (a page is new
+    where its first slot was handed out); the SWA side through the full->SWA mapping."""
+    loc = batch.out_cache_loc
+    if loc is None:
+        return None
+    ps = a.page_size
+    if pool == SWA and _swa(a):
+        loc = a.translate_loc_from_full_to_swa(loc)
+    return _ids_numpy([loc[loc % ps == 0] // ps])
+
+
+def measure_decode(batch, orig):
+    """Run ``orig(batch)`` (``ScheduleBatch.prepare_for_decode``) and write one ``alloc`` row per
+    pool for the decode allocation: the leaves' change of available size minus what the rows
+    written inside explain (evictions, out-of-window releases). Returns what ``orig`` returns.
+    (Runs at every decode step: the leaves' sizes are read inline.)
+    """
+    led = _led
+    if led[0]:
+        return orig(batch)
+    try:
+        a = batch.token_to_kv_pool_allocator
+        lv = a.__dict__.get("_kvt_leaves") or _leaves(a)
+        before = []
+        for leaf, _, d in lv:
+            if d is None:
+                before.append(leaf.available_size())
+            elif (st := d.get("num_staged_pages")) is not None:
+                before.append((d["free_pages"].numel() + st) * d["page_size"])
+            else:
+                before.append(d["free_pages"].numel() + d["release_pages"].numel())
+    except Exception:
+        return orig(batch)
+    led[0], led[1] = 1, [0] * 8
+    t0 = perf_counter_ns()
+    out = None
+    try:
+        out = orig(batch)
+        return out
+    finally:
+        dur = perf_counter_ns() - t0
+        led[0] = 0
+        try:
+            net = led[1]
+            for (leaf, pool, d), b in zip(lv, before):
+                if d is None:
+                    n = b - leaf.available_size() - net[pool]
+                elif (st := d.get("num_staged_pages")) is not None:
+                    n = b - (d["free_pages"].numel() + st) * d["page_size"] - net[pool]
+                else:
+                    n = b - d["free_pages"].numel() - d["release_pages"].numel() - net[pool]
+                if n:
+                    _decode_row(batch, a, leaf, pool, n, dur)
+        except Exception as e:
+            state.note_failure("allocator.decode", e)
+
+
+def _decode_row(batch, a, leaf, pool: int, n: int, dur: int) -> None:
+    ps = leaf.page_size
+    state.dirty[0] = True
+    op = ALLOC if n > 0 else FREE
+    n = n if n > 0 else -n
+    if _pm[1] and op == ALLOC:
+        tracer.pool_ids(pool, op, state.cur_rid[0], n, n // ps if ps > 1 else n, dur,
+                        _decode_ids(batch, a, pool))
+    else:
+        tracer.pool(pool, op, state.cur_rid[0], n, n // ps if ps > 1 else n, dur)
+
+
 # ------------------------------------------------------------------ SWA composite
 def tag_swa(a) -> None:
     """Tag the leaves of an SWA allocator with their pools (idempotent; no-op for others).
@@ -292,6 +447,7 @@ def tag_swa(a) -> None:
     d = a.__dict__
     if "_kvt_tagged" in d or not _swa_types or not _swa(a):
         return
+    d.pop("_kvt_leaves", None)
     full, swa = d.get("full_attn_allocator"), d.get("swa_attn_allocator")
     if swa is not None:
         # ring mode: SWA slots are per request slot, not paged from this leaf
@@ -322,26 +478,30 @@ def _make_swa_init():
 def _make_swa_group_end():
     """Markers around a group's release, for each pool that had deferred frees: the full leaf's
     own group and the SWA side the composite defers itself. The release rows in between come
-    from the leaves' ``free`` / ``_release_page_ids`` hooks like any other free."""
+    from the leaves' ``_release_page_ids`` / ``free`` hooks like any other free. Most groups
+    (most decode steps) deferred nothing: that check is the whole cost."""
 
     def make(orig):
-        def free_group_end(self, *args, **kwargs):
+        def free_group_end(self):
+            d = self.__dict__
             if tracer.pool is _NOOP:
-                return orig(self, *args, **kwargs)
+                return orig(self)
             try:
-                d = self.__dict__
-                full = d.get("full_attn_allocator")
-                fd = full.__dict__ if full is not None else d
-                full_pending = fd.get("free_group") or fd.get("free_page_ids_group")
-                swa_pending = d.get("swa_page_ids_group") or d.get("swa_free_group")
-                if not (full_pending or swa_pending):  # most groups: nothing deferred
-                    return orig(self, *args, **kwargs)
-                swa = d.get("swa_attn_allocator")
+                fd = d["full_attn_allocator"].__dict__
+                quiet = not (d["swa_page_ids_group"] or d["swa_free_group"] or fd["free_group"]
+                             or fd.get("free_page_ids_group"))
+            except Exception:  # another composite layout: the general path below
+                quiet = False
+            if quiet:
+                return orig(self)
+            try:
+                full, swa = d.get("full_attn_allocator"), d.get("swa_attn_allocator")
                 tag_swa(self)
                 pools = []
-                if full_pending:
-                    pools.append(fd.get("_kvt_pool", FULL))
-                if swa_pending and swa is not None and swa is not full:
+                if _full_pending(full):
+                    pools.append(full.__dict__.get("_kvt_pool", FULL))
+                if (d.get("swa_page_ids_group") or d.get("swa_free_group")) and swa is not None \
+                        and swa is not full:
                     pools.append(swa.__dict__.get("_kvt_pool", SWA))
                 pools = [p for p in pools if p is not None]
                 ps = self.page_size
@@ -349,11 +509,9 @@ def _make_swa_group_end():
                     _emit(p, GROUP_BEGIN, 0, ps, 0)
             except Exception as e:
                 state.note_failure("allocator.swa_group_end", e)
-                return orig(self, *args, **kwargs)
-            if not pools:
-                return orig(self, *args, **kwargs)
+                return orig(self)
             try:
-                return orig(self, *args, **kwargs)
+                return orig(self)
             finally:
                 try:
                     for p in pools:
@@ -364,6 +522,13 @@ def _make_swa_group_end():
         return free_group_end
 
     return make
+
+
+def _full_pending(full) -> bool:
+    if full is None:
+        return False
+    fd = full.__dict__
+    return bool(fd.get("free_group") or fd.get("free_page_ids_group"))
 
 
 def _make_leaf_init():
@@ -404,12 +569,15 @@ def install(patcher, lazy: bool = False) -> int:
         _fast_types = frozenset((Token, Paged))
         # Wrapped on the leaf classes only (inherited base methods are added to each leaf), so
         # the SWA composite's calls into the base class run unwrapped.
+        from tracer.sglang.patching import _subclasses
+
         for name, kind in LEAF_METHODS.items():
             for leaf in _leaf_types:
-                if hasattr(leaf, name):
+                if hasattr(leaf, name) and (leaf is not Paged or name in PAGED_METHODS):
                     n += patcher.wrap_inherited(leaf, name, _make_leaf(kind, name))
                 # Subclasses that override (e.g. the NPU paged allocator) are leaves too.
-                n += patcher.wrap_method_tree(leaf, name, _make_leaf(kind, name))
+                for sub in _subclasses(leaf)[1:]:
+                    n += patcher.wrap_method(sub, name, _make_leaf(kind, name))
         for leaf in _leaf_types:
             n += patcher.wrap_inherited(leaf, "merge_and_sort_free", _make_merge())
             n += patcher.wrap_method(leaf, "__init__", _make_leaf_init())
@@ -420,5 +588,5 @@ def install(patcher, lazy: bool = False) -> int:
         _is_swa.clear()
         # PureSWA and other SWA subclasses have their own constructors: tag after each
         n += patcher.wrap_method_tree(S, "__init__", _make_swa_init())
-        n += patcher.wrap_method(S, "free_group_end", _make_swa_group_end())
+        n += patcher.wrap_method(S, "free_group_end", exact_only("(self)", _make_swa_group_end()))
     return n

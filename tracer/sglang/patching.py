@@ -171,3 +171,53 @@ def target(name: str, lazy: bool):
     import importlib
 
     return importlib.import_module(name)
+
+
+def params_of(func) -> str:
+    """``func``'s parameter list without annotations, e.g. ``"(self, lock)"`` ("?" if unknown).
+
+    The hot-path wrappers have the exact parameters of the method they wrap (a ``*args,
+    **kwargs`` wrapper forwards through ``CALL_FUNCTION_EX``, which CPython 3.11 runs in a new
+    C-level evaluation loop: several times the cost of an exact call). Each checks the
+    original's parameters with this and falls back to a generic wrapper when they differ.
+    """
+    import inspect
+
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return "?"
+    ps = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=ps, return_annotation=inspect.Signature.empty))
+
+
+def exact(params: str, make_exact, make_generic):
+    """Wrapper factory: ``make_exact(orig)`` when ``orig`` has exactly ``params`` (see
+    ``params_of``), else ``make_generic(orig)``."""
+
+    def make(orig):
+        return make_exact(orig) if params_of(orig) == params else make_generic(orig)
+
+    return make
+
+
+def exact_only(params: str, make):
+    """Wrapper factory for wrappers written with the exact parameters ``params``: an original
+    with other parameters (not sglang 0.5.23) gets a pass-through instead, and the mismatch is
+    counted in ``state.failures`` (so tests and ``kvtrace hooks status`` show it)."""
+
+    def make_checked(orig):
+        got = params_of(orig)
+        if got == params:
+            return make(orig)
+        from tracer.sglang import state
+
+        state.note_failure(f"install.{getattr(orig, '__qualname__', orig)}",
+                           TypeError(f"parameters {got}, expected {params}: not observed"))
+
+        def passthrough(*args, **kwargs):
+            return orig(*args, **kwargs)
+
+        return passthrough
+
+    return make_checked

@@ -19,8 +19,9 @@ import sys
 from time import perf_counter_ns
 
 import tracer
-from tracer.schema import CacheOp, RequestEvent
+from tracer.schema import CacheOp
 from tracer.sglang import state
+from tracer.sglang.patching import exact_only
 
 _NOOP = state._NOOP
 MATCH, INSERT, EVICT = int(CacheOp.MATCH), int(CacheOp.INSERT), int(CacheOp.EVICT)
@@ -36,10 +37,12 @@ _ev = [0, 0, 0]
 _ck = [0, 0]
 
 
-def _dirty_cache(*args) -> None:
+def _dirty_cache(op, rid, device_hit, host_hit, swa_host_hit, full, swa, host, nodes, tombstones,
+                 dur_ns) -> None:
     """A ``cache`` row for an op that may change the tree's ledger (marks stats dirty)."""
     state.dirty[0] = True
-    tracer.cache(*args)
+    tracer.cache(op, rid, device_hit, host_hit, swa_host_hit, full, swa, host, nodes, tombstones,
+                 dur_ns)
 
 
 def _swa_ct():
@@ -74,9 +77,9 @@ def _make_init():
 
 def _make_match():
     def make(orig):
-        def match_prefix(self, params, *args, **kwargs):
+        def match_prefix(self, params):
             if tracer.pool is _NOOP:
-                return orig(self, params, *args, **kwargs)
+                return orig(self, params)
             req = getattr(params, "req", None)
             if req is not None:
                 try:  # state.rid_of(req), the common case (an id already seen) inlined
@@ -88,7 +91,7 @@ def _make_match():
             else:
                 rid = state.cur_rid[0]
             t0 = perf_counter_ns()
-            out = orig(self, params, *args, **kwargs)
+            out = orig(self, params)
             try:
                 tracer.cache(MATCH, rid, out.device_prefix_len, out.host_hit_length,
                              out.swa_host_hit_length, 0, 0, 0, 0, 0, perf_counter_ns() - t0)
@@ -103,11 +106,11 @@ def _make_match():
 
 def _make_insert():
     def make(orig):
-        def insert(self, params, *args, **kwargs):
+        def insert(self, params):
             if tracer.pool is _NOOP:
-                return orig(self, params, *args, **kwargs)
+                return orig(self, params)
             t0 = perf_counter_ns()
-            out = orig(self, params, *args, **kwargs)
+            out = orig(self, params)
             try:
                 prefix = int(getattr(out, "prefix_len", 0) or 0)
                 if _ck[0]:
@@ -128,9 +131,9 @@ def _make_insert():
 
 def _make_checkpoint():
     def make(orig):
-        def checkpoint(self, req, *args, **kwargs):
+        def checkpoint(self, req, *, up_to, **kwargs):
             if tracer.pool is _NOOP:
-                return orig(self, req, *args, **kwargs)
+                return orig(self, req, up_to=up_to, **kwargs)
             rid = state.rid_of(req)
             try:
                 before = req.kv.cache_protected_len
@@ -142,7 +145,9 @@ def _make_checkpoint():
             _ck[1] = -1
             t0 = perf_counter_ns()
             try:
-                return orig(self, req, *args, **kwargs)
+                if kwargs:
+                    return orig(self, req, up_to=up_to, **kwargs)
+                return orig(self, req, up_to=up_to)
             finally:
                 dur = perf_counter_ns() - t0
                 prefix = _ck[1]
@@ -163,9 +168,11 @@ def _make_checkpoint():
 
 def _make_evict():
     def make(orig):
-        def _evict(self, *args, **kwargs):
+        def _evict(self, params, available_size_targets=None, *,
+                   allocation_reclaim_satisfied=None):
             if tracer.pool is _NOOP:
-                return orig(self, *args, **kwargs)
+                return orig(self, params, available_size_targets,
+                            allocation_reclaim_satisfied=allocation_reclaim_satisfied)
             outer = _ev[0] == 0
             if outer:
                 _ev[1] = _ev[2] = 0
@@ -173,7 +180,8 @@ def _make_evict():
             t0 = perf_counter_ns()
             out = None
             try:
-                out = orig(self, *args, **kwargs)
+                out = orig(self, params, available_size_targets,
+                           allocation_reclaim_satisfied=allocation_reclaim_satisfied)
                 return out
             finally:
                 _ev[0] -= 1
@@ -194,7 +202,7 @@ def _make_accumulate():
     """Count evicted nodes and SWA tombstones from the per-step trackers of an eviction walk."""
 
     def make(orig):
-        def _accumulate_tracker(self, tracker, delta, *args, **kwargs):
+        def _accumulate_tracker(self, tracker, delta):
             if _ev[0] and delta:
                 try:
                     full = delta.get(_CT["FULL"], 0)
@@ -205,7 +213,7 @@ def _make_accumulate():
                             _ev[2] += 1
                 except Exception as e:
                     state.note_failure("radix.tracker", e)
-            return orig(self, tracker, delta, *args, **kwargs)
+            return orig(self, tracker, delta)
 
         return _accumulate_tracker
 
@@ -242,41 +250,67 @@ def _direct_binding(tree):
     return core.__dict__.get("_binding") if ok else None
 
 
-def _make_lock(op: int):
+def _lock_rows(self, op: int, call, arg):
+    """Run ``call(self, arg)`` and write one ``lock``/``unlock`` row with the change of the
+    tree's protected sizes (the Rust binding's counters read directly when that is exact)."""
+    try:
+        b = _direct_binding(self)
+        if b is not None:
+            swa_on = self.is_swa_enabled
+            swa_i = _direct_fns["swa_int"]
+            f0 = b.full_protected_size()
+            s0 = b.component_protected_size(swa_i) if swa_on else 0
+        else:
+            f0, s0 = _protected(self)
+    except Exception:
+        return call(self, arg)
+    t0 = perf_counter_ns()
+    out = call(self, arg)
+    try:
+        dur = perf_counter_ns() - t0
+        if b is not None:
+            f1 = b.full_protected_size()
+            s1 = b.component_protected_size(swa_i) if swa_on else 0
+        else:
+            f1, s1 = _protected(self)
+        if f1 != f0 or s1 != s0:
+            state.dirty[0] = True
+        tracer.cache(op, state.cur_rid[0], 0, 0, 0, abs(f1 - f0), abs(s1 - s0), 0, 1, 0, dur)
+    except Exception as e:
+        state.note_failure("radix.lock", e)
+    return out
+
+
+def _make_lock():
+    """``lock(node_id, skip_lock_components=())``. The selection's temporary pin inside
+    ``PrefillAdder.add_one_req`` (most calls) returns at the first test."""
+
     def make(orig):
-        def lock_op(self, *args, **kwargs):
+        def lock(self, node_id, skip_lock_components=()):
             pin = state.admission_pin
             if tracer.pool is _NOOP or (pin[0] and not pin[1]):
-                return orig(self, *args, **kwargs)
-            try:
-                b = _direct_binding(self)
-                if b is not None:
-                    swa_on = self.is_swa_enabled
-                    swa_i = _direct_fns["swa_int"]
-                    f0 = b.full_protected_size()
-                    s0 = b.component_protected_size(swa_i) if swa_on else 0
-                else:
-                    f0, s0 = _protected(self)
-            except Exception:
-                return orig(self, *args, **kwargs)
-            t0 = perf_counter_ns()
-            out = orig(self, *args, **kwargs)
-            try:
-                dur = perf_counter_ns() - t0
-                if b is not None:
-                    f1 = b.full_protected_size()
-                    s1 = b.component_protected_size(swa_i) if swa_on else 0
-                else:
-                    f1, s1 = _protected(self)
-                if f1 != f0 or s1 != s0:
-                    state.dirty[0] = True
-                tracer.cache(op, state.cur_rid[0], 0, 0, 0, abs(f1 - f0), abs(s1 - s0), 0, 1, 0,
-                             dur)
-            except Exception as e:
-                state.note_failure("radix.lock", e)
-            return out
+                return orig(self, node_id, skip_lock_components)
+            if skip_lock_components:
+                return _lock_rows(self, LOCK, lambda t, n: orig(t, n, skip_lock_components),
+                                  node_id)
+            return _lock_rows(self, LOCK, orig, node_id)
 
-        return lock_op
+        return lock
+
+    return make
+
+
+def _make_unlock(op: int):
+    """``unlock(lock)`` / ``release_swa(lock)``."""
+
+    def make(orig):
+        def unlock(self, lock):
+            pin = state.admission_pin
+            if tracer.pool is _NOOP or (pin[0] and not pin[1]):
+                return orig(self, lock)
+            return _lock_rows(self, op, orig, lock)
+
+        return unlock
 
     return make
 
@@ -358,9 +392,9 @@ def _make_evict_host():
 # ------------------------------------------------------------------ common.py functions
 def _make_release_kv_cache():
     def make(orig):
-        def release_kv_cache(req, tree_cache, *args, **kwargs):
+        def release_kv_cache(req, tree_cache, *, checkpoint):
             if tracer.pool is _NOOP:
-                return orig(req, tree_cache, *args, **kwargs)
+                return orig(req, tree_cache, checkpoint=checkpoint)
             rid = state.rid_of(req)
             try:
                 kv = req.kv
@@ -370,7 +404,7 @@ def _make_release_kv_cache():
             prev_rid, state.cur_rid[0] = state.cur_rid[0], rid
             t0 = perf_counter_ns()
             try:
-                return orig(req, tree_cache, *args, **kwargs)
+                return orig(req, tree_cache, checkpoint=checkpoint)
             finally:
                 state.cur_rid[0] = prev_rid
                 try:
@@ -388,31 +422,64 @@ def _make_release_kv_cache():
     return make
 
 
+def _swa_release_pre(req, ct):
+    """(SWA evicted length before, rid, previous rid); attributes the frees inside to ``req``."""
+    try:
+        before = req.kv.get_evicted_seqlen(ct)
+    except Exception:
+        before = None
+    rid = state.rid_of(req)
+    prev_rid, state.cur_rid[0] = state.cur_rid[0], rid
+    return before, rid, prev_rid
+
+
+def _swa_release_post(req, ct, pre, t0: int) -> None:
+    before, rid, prev_rid = pre
+    state.cur_rid[0] = prev_rid
+    if before is not None:
+        try:
+            freed = req.kv.get_evicted_seqlen(ct) - before
+            if freed > 0:
+                _dirty_cache(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0, perf_counter_ns() - t0)
+        except Exception as e:
+            state.note_failure("radix.swa_release", e)
+
+
+_SWA_RELEASE_PARAMS = (
+    "(req, pre_len, *, sliding_window_size, page_size, req_to_token_pool, "
+    "token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None, "
+    "component_type=<ComponentType.SWA: 1>, free_segment=None, eviction_interval=1)")
+
+
 def _make_free_swa_out_of_window():
+    """``common.free_swa_out_of_window_slots`` (every decode step of a request past the window
+    may call it): one ``swa_release`` row with the SWA tokens it released."""
+
     def make(orig):
-        def free_swa_out_of_window_slots(req, pre_len, *args, **kwargs):
+        ct_default = (orig.__kwdefaults__ or {}).get("component_type")
+
+        def free_swa_out_of_window_slots(
+                req, pre_len, *, sliding_window_size, page_size, req_to_token_pool,
+                token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None,
+                component_type=ct_default, free_segment=None, eviction_interval=1):
             if tracer.pool is _NOOP:
-                return orig(req, pre_len, *args, **kwargs)
-            ct = kwargs.get("component_type") or _swa_ct()
-            try:
-                before = req.kv.get_evicted_seqlen(ct)
-            except Exception:
-                before = None
-            rid = state.rid_of(req)
-            prev_rid, state.cur_rid[0] = state.cur_rid[0], rid
+                return orig(req, pre_len, sliding_window_size=sliding_window_size,
+                            page_size=page_size, req_to_token_pool=req_to_token_pool,
+                            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+                            supports_prefix_sharing=supports_prefix_sharing,
+                            retain_floor=retain_floor, component_type=component_type,
+                            free_segment=free_segment, eviction_interval=eviction_interval)
+            pre = _swa_release_pre(req, component_type)
             t0 = perf_counter_ns()
             try:
-                return orig(req, pre_len, *args, **kwargs)
+                return orig(req, pre_len, sliding_window_size=sliding_window_size,
+                            page_size=page_size, req_to_token_pool=req_to_token_pool,
+                            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+                            supports_prefix_sharing=supports_prefix_sharing,
+                            retain_floor=retain_floor, component_type=component_type,
+                            free_segment=free_segment, eviction_interval=eviction_interval)
             finally:
-                state.cur_rid[0] = prev_rid
-                if before is not None:
-                    try:
-                        freed = req.kv.get_evicted_seqlen(ct) - before
-                        if freed > 0:
-                            _dirty_cache(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0,
-                                         perf_counter_ns() - t0)
-                    except Exception as e:
-                        state.note_failure("radix.swa_release", e)
+                _swa_release_post(req, component_type, pre, t0)
 
         return free_swa_out_of_window_slots
 
@@ -432,24 +499,30 @@ def install(patcher, lazy: bool = False) -> int:
     if urc is not None and _CT:
         U = urc.UnifiedRadixCache
         n += patcher.wrap_method(U, "__init__", _make_init())
-        n += patcher.wrap_method(U, "match_prefix", _make_match())
-        n += patcher.wrap_method(U, "insert", _make_insert())
-        n += patcher.wrap_method(U, "checkpoint", _make_checkpoint())
-        n += patcher.wrap_method(U, "_evict", _make_evict())
-        n += patcher.wrap_method(U, "_accumulate_tracker", _make_accumulate())
+        n += patcher.wrap_method(U, "match_prefix", exact_only("(self, params)", _make_match()))
+        n += patcher.wrap_method(U, "insert", exact_only("(self, params)", _make_insert()))
+        n += patcher.wrap_method(U, "checkpoint",
+                                 exact_only("(self, req, *, up_to, **kwargs)", _make_checkpoint()))
+        n += patcher.wrap_method(U, "_evict", exact_only(
+            "(self, params, available_size_targets=None, *, allocation_reclaim_satisfied=None)",
+            _make_evict()))
+        n += patcher.wrap_method(U, "_accumulate_tracker",
+                                 exact_only("(self, tracker, delta)", _make_accumulate()))
         _direct_fns.update(tree_full=U.__dict__.get("full_protected_size"),
                            tree_swa=U.__dict__.get("swa_protected_size"),
                            swa_int=int(_CT["SWA"]))
         _direct_ok.clear()
-        n += patcher.wrap_method(U, "lock", _make_lock(LOCK))
-        n += patcher.wrap_method(U, "unlock", _make_lock(UNLOCK))
-        n += patcher.wrap_method(U, "release_swa", _make_lock(UNLOCK))
+        n += patcher.wrap_method(U, "lock",
+                                 exact_only("(self, node_id, skip_lock_components=())", _make_lock()))
+        n += patcher.wrap_method(U, "unlock", exact_only("(self, lock)", _make_unlock(UNLOCK)))
+        n += patcher.wrap_method(U, "release_swa", exact_only("(self, lock)", _make_unlock(UNLOCK)))
         n += patcher.wrap_method(U, "init_load_back", _make_load_back())
         n += patcher.wrap_method(U, "_execute_kv_backup", _make_backup())
         n += patcher.wrap_method(U, "evict_host", _make_evict_host())
     common = target("sglang.srt.mem_cache.common", lazy)
     if common is not None and _CT:
-        n += patcher.wrap_function(common, "release_kv_cache", _make_release_kv_cache())
-        n += patcher.wrap_function(common, "free_swa_out_of_window_slots",
-                                   _make_free_swa_out_of_window())
+        n += patcher.wrap_function(common, "release_kv_cache", exact_only(
+            "(req, tree_cache, *, checkpoint)", _make_release_kv_cache()))
+        n += patcher.wrap_function(common, "free_swa_out_of_window_slots", exact_only(
+            _SWA_RELEASE_PARAMS, _make_free_swa_out_of_window()))
     return n

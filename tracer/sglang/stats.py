@@ -38,6 +38,7 @@ from time import perf_counter_ns
 import tracer
 from tracer.schema import Mode, Pool, SchedKind
 from tracer.sglang import state
+from tracer.sglang.patching import exact_only
 
 _NOOP = state._NOOP
 STEP = int(SchedKind.STEP)
@@ -306,23 +307,31 @@ def _adopt(tree, alloc) -> None:
 
 
 def _make_prepare(mode: int):
+    """``ScheduleBatch.prepare_for_extend`` / ``prepare_for_decode`` (no arguments in 0.5.23):
+    note the step's batch; the decode one also measures the decode allocation
+    (``allocators.measure_decode``)."""
+    from tracer.sglang.allocators import measure_decode
+
+    decode = mode == DECODE
+
     def make(orig):
-        def prepare(self, *args, **kwargs):
-            out = orig(self, *args, **kwargs)
-            if tracer.pool is not _NOOP:
-                try:
-                    lp = _loop
-                    if lp.rec is not tracer._active:
-                        lp.fresh()
-                    bs = len(self.reqs)
-                    if mode == PREFILL:
-                        lp.note_batch(mode, bs, int(self.extend_num_tokens or 0))
-                    elif lp.mode == IDLE and lp.t0:  # the common decode step
-                        lp.mode, lp.batch_size, lp.num_tokens = mode, bs, bs
-                    else:
-                        lp.note_batch(mode, bs, bs)
-                except Exception as e:
-                    state.note_failure("stats.prepare", e)
+        def prepare(self):
+            if tracer.pool is _NOOP:
+                return orig(self)
+            out = measure_decode(self, orig) if decode else orig(self)
+            try:
+                lp = _loop
+                if lp.rec is not tracer._active:
+                    lp.fresh()
+                bs = len(self.reqs)
+                if not decode:
+                    lp.note_batch(mode, bs, int(self.extend_num_tokens or 0))
+                elif lp.mode == IDLE and lp.t0:  # the common decode step
+                    lp.mode, lp.batch_size, lp.num_tokens = mode, bs, bs
+                else:
+                    lp.note_batch(mode, bs, bs)
+            except Exception as e:
+                state.note_failure("stats.prepare", e)
             return out
 
         return prepare
@@ -335,7 +344,7 @@ def _make_get_pool_stats():
     ``get_pool_stats`` once per step, after processing the step's results)."""
 
     def make(orig):
-        def get_pool_stats(self, *args, **kwargs):
+        def get_pool_stats(self):
             lp = _loop
             if tracer.pool is not _NOOP and not lp.scheduler_driven:
                 try:
@@ -348,7 +357,7 @@ def _make_get_pool_stats():
                     boundary()
                 except Exception as e:
                     state.note_failure("stats.get_pool_stats", e)
-            return orig(self, *args, **kwargs)
+            return orig(self)
 
         return get_pool_stats
 
@@ -406,11 +415,13 @@ def install(patcher, lazy: bool = False) -> int:
         _helpers["swa"] = pso.kv_private_swa_tokens
         _helpers["swa_ct"] = pso.ComponentType.SWA
         n += patcher.wrap_method(pso.SchedulerPoolStatsObserver, "get_pool_stats",
-                                 _make_get_pool_stats())
+                                 exact_only("(self)", _make_get_pool_stats()))
     sb = target("sglang.srt.managers.schedule_batch", lazy)
     if sb is not None:
-        n += patcher.wrap_method(sb.ScheduleBatch, "prepare_for_extend", _make_prepare(PREFILL))
-        n += patcher.wrap_method(sb.ScheduleBatch, "prepare_for_decode", _make_prepare(DECODE))
+        n += patcher.wrap_method(sb.ScheduleBatch, "prepare_for_extend",
+                                 exact_only("(self)", _make_prepare(PREFILL)))
+        n += patcher.wrap_method(sb.ScheduleBatch, "prepare_for_decode",
+                                 exact_only("(self)", _make_prepare(DECODE)))
     sched_mod = target("sglang.srt.managers.scheduler", True)
     if sched_mod is not None and hasattr(sched_mod, "Scheduler"):
         S = sched_mod.Scheduler
