@@ -9,6 +9,10 @@ never change a decision.
     python bench/sglang_overhead.py                       # data/workloads/mixed, table
     python bench/sglang_overhead.py --requests 120 --json # one JSON object
 
+``--breakdown`` adds one more hooked run that times every wrapped method twice, around the
+wrapper and around the original it calls: the difference is the hook's own time per call and
+per step (timer cost, about 0.3 us per call, included). It shows where a step's overhead is.
+
 ``--json`` keys: ``wall_s_off``, ``wall_s_on``, ``slowdown_pct``, ``events_per_s`` (events
 recorded per second of the hooked run), plus CPU time of the process (``cpu_*``: the recorder's
 flusher thread included) and of the loop's thread alone (``thread_*``: what a server's scheduler
@@ -82,6 +86,72 @@ def _run_on(workload, settings, out: Path) -> tuple[dict, object, int, float]:
     return times, result, events, stop_s
 
 
+def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS) -> dict:
+    """Own time of each hook (wrapper minus the original it wraps), in one hooked run.
+
+    Returns ``{"steps": n, "own_us_per_step": total, "hooks": [{name, calls, own_us_per_call,
+    own_us_per_step}, ...]}`` (largest first).
+    """
+    import collections
+    from time import perf_counter_ns
+
+    import tracer
+    import tracer.sglang
+    from replay.backends.sglang import SglangBackend, load_workload, parse_overrides
+    from replay.backends.sglang_env import bootstrap
+    from tracer.sglang import hooks as hooks_mod
+
+    bootstrap()
+    settings = parse_overrides(overrides)
+    wl = load_workload(workload_path)
+    if requests:
+        wl = dataclasses.replace(wl, requests=wl.requests[:requests])
+    outer, inner, calls = collections.Counter(), collections.Counter(), collections.Counter()
+
+    def timed(f, key, acc, count):
+        def t(*a, **k):
+            t0 = perf_counter_ns()
+            try:
+                return f(*a, **k)
+            finally:
+                acc[key] += perf_counter_ns() - t0
+                if count:
+                    calls[key] += 1
+        return t
+
+    tracer.sglang.install()
+    try:
+        for p in hooks_mod._patcher._patches:  # the wrapper's closure holds its original
+            rep = p.replacement
+            if isinstance(rep, (staticmethod, classmethod)) or not getattr(rep, "__closure__", None):
+                continue
+            key = f"{getattr(p.owner, '__name__', p.owner)}.{p.name}"
+            cell = next((c for c in rep.__closure__ if callable(c.cell_contents)
+                         and getattr(c.cell_contents, "__name__", None) == p.name
+                         and c.cell_contents is not rep), None)
+            if cell is None:
+                continue
+            cell.cell_contents = timed(cell.cell_contents, key, inner, False)
+            setattr(p.owner, p.name, timed(rep, key, outer, True))
+        tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
+        try:
+            tracer.start(tmp, source="sglang-backend")
+            try:
+                with SglangBackend(wl, settings, debug_memory_pool=False) as be:
+                    steps = be.run().num_steps
+            finally:
+                tracer.stop()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        tracer.sglang.uninstall()  # restores the originals (the timers go with the wrappers)
+    rows = [{"name": k, "calls": calls[k], "own_us_per_call": round((outer[k] - inner[k]) / 1e3 / calls[k], 2),
+             "own_us_per_step": round((outer[k] - inner[k]) / 1e3 / steps, 2)} for k in calls]
+    rows.sort(key=lambda r: -r["own_us_per_step"])
+    return {"steps": steps, "own_us_per_step": round(sum(r["own_us_per_step"] for r in rows), 1),
+            "hooks": rows}
+
+
 def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 3) -> dict:
     """Run the workload ``repeat`` times with hooks off and on; returns the JSON object."""
     from replay.backends.sglang import load_workload, parse_overrides
@@ -151,10 +221,14 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
                     help="backend setting (repeatable); default: the backend defaults")
     ap.add_argument("--repeat", type=int, default=3, help="rounds of (off, on); medians are compared")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time each hook's own cost per call and per step (one more run)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     overrides = tuple(args.overrides) if args.overrides else DEFAULT_SETTINGS
     r = measure(args.workload, requests=args.requests, overrides=overrides, repeat=args.repeat)
+    if args.breakdown:
+        r["breakdown"] = breakdown(args.workload, requests=args.requests, overrides=overrides)
     if args.json:
         print(json.dumps(r))
         return 0
@@ -165,6 +239,15 @@ def main(argv=None) -> int:
     print(f"{'cpu s (all)':14}{r['cpu_s_off']:>12.3f}{r['cpu_s_on']:>12.3f}{r['cpu_slowdown_pct']:>10.2f}%")
     print(f"{'cpu s (loop)':14}{r['thread_s_off']:>12.3f}{r['thread_s_on']:>12.3f}{r['thread_slowdown_pct']:>10.2f}%")
     print(f"events recorded {r['events']:,} ({r['events_per_s']:,.0f}/s); final flush {r['stop_flush_s']:.3f} s")
+    print(f"per step: {1e6 * (r['wall_s_on'] - r['wall_s_off']) / r['num_steps']:.1f} us of "
+          f"{1e6 * r['wall_s_off'] / r['num_steps']:.1f} us")
+    if "breakdown" in r:
+        b = r["breakdown"]
+        print(f"hooks' own time: {b['own_us_per_step']:.1f} us/step (timers included)")
+        print(f"{'hook':58}{'calls/step':>11}{'us/call':>9}{'us/step':>9}")
+        for h in b["hooks"][:20]:
+            print(f"{h['name'][:57]:58}{h['calls'] / b['steps']:>11.2f}{h['own_us_per_call']:>9.2f}"
+                  f"{h['own_us_per_step']:>9.2f}")
     return 0
 
 

@@ -124,17 +124,14 @@ def _make_add_one():
 
     def make(orig):
         def add_one_req(self, req, has_chunked_req, truncation_align_size):
-            if tracer.pool is _NOOP:
-                return orig(self, req, has_chunked_req, truncation_align_size)
-            pre = _admit_pre(self, req, False)
-            if pre is None:
-                return orig(self, req, has_chunked_req, truncation_align_size)
+            pre = None if tracer.pool is _NOOP else _admit_pre(self, req, False)
             out = None
             try:
                 out = orig(self, req, has_chunked_req, truncation_align_size)
                 return out
             finally:
-                _admit_post(self, req, False, pre, out)
+                if pre is not None:
+                    _admit_post(self, req, False, pre, out)
 
         return add_one_req
 
@@ -146,17 +143,14 @@ def _make_add_chunked():
 
     def make(orig):
         def add_chunked_req(self, req):
-            if tracer.pool is _NOOP:
-                return orig(self, req)
-            pre = _admit_pre(self, req, True)
-            if pre is None:
-                return orig(self, req)
+            pre = None if tracer.pool is _NOOP else _admit_pre(self, req, True)
             out = None
             try:
                 out = orig(self, req)
                 return out
             finally:
-                _admit_post(self, req, True, pre, out)
+                if pre is not None:
+                    _admit_post(self, req, True, pre, out)
 
         return add_chunked_req
 

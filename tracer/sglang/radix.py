@@ -462,14 +462,7 @@ def _make_free_swa_out_of_window():
                 req, pre_len, *, sliding_window_size, page_size, req_to_token_pool,
                 token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None,
                 component_type=ct_default, free_segment=None, eviction_interval=1):
-            if tracer.pool is _NOOP:
-                return orig(req, pre_len, sliding_window_size=sliding_window_size,
-                            page_size=page_size, req_to_token_pool=req_to_token_pool,
-                            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
-                            supports_prefix_sharing=supports_prefix_sharing,
-                            retain_floor=retain_floor, component_type=component_type,
-                            free_segment=free_segment, eviction_interval=eviction_interval)
-            pre = _swa_release_pre(req, component_type)
+            pre = None if tracer.pool is _NOOP else _swa_release_pre(req, component_type)
             t0 = perf_counter_ns()
             try:
                 return orig(req, pre_len, sliding_window_size=sliding_window_size,
@@ -479,7 +472,8 @@ def _make_free_swa_out_of_window():
                             retain_floor=retain_floor, component_type=component_type,
                             free_segment=free_segment, eviction_interval=eviction_interval)
             finally:
-                _swa_release_post(req, component_type, pre, t0)
+                if pre is not None:
+                    _swa_release_post(req, component_type, pre, t0)
 
         return free_swa_out_of_window_slots
 
