@@ -338,6 +338,8 @@ class Recorder:
         if not b.ts_in_record:  # ts of the latest clock mark at or before each row's seq
             idx = np.searchsorted(marks[0], seqs, side="right") - 1
             arrays.append(pa.array(marks[1][np.maximum(idx, 0)]))
+            del idx
+            yield_gil()
         for f in b.dtype.names:
             arrays.append(pa.array(np.ascontiguousarray(arr[f])))
             yield_gil()
@@ -353,6 +355,11 @@ class Recorder:
         yield_gil()
         self._segment(name).write(batch)
         self.events_written[name] += batch.num_rows
+        # Free the column copies one at a time: freeing megabytes (munmap) holds the GIL.
+        del batch, arr, seqs, keep, kept
+        while arrays:
+            arrays.pop()
+            yield_gil()
         return torn
 
     def _flush_rows(self, name: str, b: RowBuffer) -> None:

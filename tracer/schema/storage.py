@@ -169,6 +169,16 @@ def convert_segment(path: str | os.PathLike, fam: Family, *, row_group_rows: int
         table = to_stored(table, fam)
         step()
         write_parquet(out, table, row_group_rows=row_group_rows, between_row_groups=between_steps)
+        # Release memory column by column (a large free holds the GIL), then the mapped stream,
+        # and only then unlink it (a file's page cache is dropped by the unlink, GIL released).
+        columns = table.columns
+        del table
+        while columns:
+            columns.pop()
+            step()
+    while batches:
+        batches.pop()
+    step()
     path.unlink()
     return out if rows else None
 
