@@ -9,9 +9,12 @@ Rows:
 - the tracer counted the same way (emits + background flush, process CPU per event);
 - flush throughput (swap + Arrow + IPC write, and Parquet compaction), bytes/event on disk for
   the ``pool`` family of a realistic stream, and the longest stall of an emitting thread while
-  the flusher flushes and rotates: ``max_stall_ms`` is the median over ``--stall-trials``
-  independent trials of each trial's longest stall; every trial's maximum is in
-  ``max_stall_ms_trials`` and the largest in ``max_stall_ms_worst``.
+  the flusher flushes and rotates, over ``--stall-trials`` trials: ``max_stall_ms`` is the
+  longest gap of any trial less the time the OS kept the thread waiting for a CPU inside that
+  gap (run-queue delay, ``/proc/thread-self/schedstat``): the wait the tracer can cause (the GIL
+  held by the flusher, its own work). ``max_gap_ms_raw`` is the longest gap as measured, OS
+  delays included; ``max_stall_ms_trials`` each trial's maximum; ``max_gap_ms_baseline`` the
+  longest gap of the same loop with the recorder stopped (what this machine does alone).
 
 Usage: python bench/tracer_overhead.py [--json] [--events N] [--stall-trials K] [--stall-seconds S]
 """
@@ -250,45 +253,78 @@ def _busy_ticks() -> int:
         return 0
 
 
-def _stall_trial(tmp: Path, seconds: float) -> tuple[float, int, int]:
-    """One trial: longest gap (ms) between 100-emit chunks of a thread emitting in a tight loop
-    while the flusher flushes every 50 ms and rotates segments every ~2 MB (each rotation
-    converts IPC -> Parquet in the flusher thread). Returns (gap ms, events, drops)."""
+class _RunDelay:
+    """This thread's run-queue delay in ns (time runnable but not on a CPU), from
+    ``/proc/thread-self/schedstat``; 0 where that file does not exist."""
+
+    def __init__(self):
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def __call__(self) -> int:
+        return int(os.pread(self.fd, 64, 0).split()[1]) if self.fd is not None else 0
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+def _gap_loop(pool, seconds: float) -> tuple[int, int, int]:
+    """Emit ``pool`` rows in 100-emit chunks for ``seconds``; returns (longest gap between chunks
+    less the run-queue delay inside it, longest raw gap, events), ns."""
+    pc, run_delay = time.perf_counter_ns, _RunDelay()
+    worst = worst_raw = i = 0
+    end = pc() + int(seconds * 1e9)
+    last, last_rd = pc(), run_delay()
+    try:
+        while last < end:
+            for _ in range(100):
+                pool(0, 0, i, 64, 1, 0)
+                i += 1
+            now, rd = pc(), run_delay()
+            gap = now - last
+            worst_raw = max(worst_raw, gap)
+            worst = max(worst, gap - (rd - last_rd))
+            last, last_rd = now, rd
+    finally:
+        run_delay.close()
+    return worst, worst_raw, i
+
+
+def _stall_trial(tmp: Path, seconds: float) -> tuple[float, float, int, int]:
+    """One trial: a thread emitting in a tight loop while the flusher flushes every 50 ms and
+    rotates segments every ~2 MB (each rotation converts IPC -> Parquet in the flusher thread).
+    Returns (stall ms less OS run-queue delay, raw gap ms, events, drops)."""
     rec = tracer.start(tmp, buffer_events=1 << 20, flush_interval_ms=50, poll_interval_ms=10,
                        segment_max_bytes=2 << 20)
-    pc, pool = time.perf_counter_ns, tracer.pool
-    worst, i = 0, 0
-    end = pc() + int(seconds * 1e9)
-    last = pc()
-    while last < end:
-        for _ in range(100):
-            pool(0, 0, i, 64, 1, 0)
-            i += 1
-        now = pc()
-        worst = max(worst, now - last)
-        last = now
-    tracer.stop()
-    return worst / 1e6, i, rec.drops.total
+    try:
+        worst, worst_raw, n = _gap_loop(tracer.pool, seconds)
+    finally:
+        tracer.stop()
+    return worst / 1e6, worst_raw / 1e6, n, rec.drops.total
 
 
 def bench_stall(tmp: Path, seconds: float, trials: int) -> dict:
-    """``trials`` independent stall trials. ``max_stall_ms`` is the median of the per-trial
-    maxima (each trial's maximum is also reported): on a small shared VM a single maximum is
-    dominated by the OS (a runnable thread can wait a 4 ms scheduler tick for its CPU).
-    ``stall_other_cpu_s``: CPU time other processes used during the trials (0 on a quiet
-    machine); ``stall_drop_frac``: share of events the tight loop emitted that the flusher,
-    starved of the GIL, had to drop."""
-    maxima, events, drops = [], 0, 0
+    """``trials`` stall trials, each followed by a baseline trial of the same loop with the
+    recorder stopped. ``stall_other_cpu_s``: CPU time other processes used meanwhile (0 on a
+    quiet machine); ``stall_drop_frac``: share of the tight loop's events that the flusher,
+    starved of the GIL, had to drop (counted in ``drops`` rows, as designed)."""
+    maxima, raws, base, events, drops = [], [], [], 0, 0
     busy0, t0 = _busy_ticks(), os.times()
     for k in range(trials):
         gc.collect()
-        m, n, d = _stall_trial(tmp / f"stall{k}", seconds)
+        m, raw, n, d = _stall_trial(tmp / f"stall{k}", seconds)
         maxima.append(m)
+        raws.append(raw)
         events, drops = events + n, drops + d
+        base.append(_gap_loop(tracer.pool, seconds / 2)[1] / 1e6)  # recorder stopped: no-op emits
     busy, t1 = _busy_ticks() - busy0, os.times()
     mine = sum(t1[:4]) - sum(t0[:4])  # user, system, children user, children system (seconds)
-    return {"max_stall_ms": statistics.median(maxima), "max_stall_ms_worst": max(maxima),
-            "max_stall_ms_trials": [round(m, 3) for m in maxima],
+    return {"max_stall_ms": max(maxima), "max_stall_ms_trials": [round(m, 3) for m in maxima],
+            "max_gap_ms_raw": max(raws), "max_gap_ms_raw_trials": [round(m, 3) for m in raws],
+            "max_gap_ms_baseline": max(base),
             "stall_drop_frac": drops / max(events, 1),
             "stall_other_cpu_s": max(busy / os.sysconf("SC_CLK_TCK") - mine, 0.0)}
 

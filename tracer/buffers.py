@@ -29,10 +29,36 @@ MAX_FREE = 2
 _ZERO_CHUNK = 1 << 20  # bytes zeroed per GIL hold when recycling
 
 
+# The flusher hands the GIL over with a real nap: a thread waiting for the GIL sleeps on a
+# condition variable (5 ms switch-interval timeout); ``time.sleep(0)`` drops the GIL for about a
+# microsecond, and the flusher, still on its CPU, usually takes it back before the waiter runs,
+# which then waits out its 5 ms. A nap longer than the waiter's wake-up lets it in.
+HANDOFF_NAP_S = 50e-6
+HOLD_BUDGET_NS = 500_000  # the flusher holds the GIL at most this long before a nap
+_turn = [0]  # perf_counter_ns of the flusher's last handoff (or wake-up)
+
+
 def yield_gil() -> None:
-    """Let an emitting thread run. The flusher calls it between steps: a thread waiting for the
-    GIL otherwise waits out the 5 ms switch interval whenever the flusher runs Python code."""
-    time.sleep(0)
+    """Between two steps of the flusher: a real handoff (``handoff``) once the flusher has run
+    ``HOLD_BUDGET_NS`` since the last one, else ``sleep(0)`` (a cheap chance for other threads)."""
+    if time.perf_counter_ns() - _turn[0] >= HOLD_BUDGET_NS:
+        handoff()
+    else:
+        time.sleep(0)
+
+
+def handoff() -> None:
+    """Nap so that a thread waiting for the GIL gets it (after the flusher released a lock an
+    emitter may be blocked on, and every ``HOLD_BUDGET_NS`` of flusher work)."""
+    time.sleep(HANDOFF_NAP_S)
+    _turn[0] = time.perf_counter_ns()
+
+
+def start_turn() -> None:
+    """The flusher woke up: its GIL-holding budget starts now."""
+    _turn[0] = time.perf_counter_ns()
+
+
 _NP_CODES = {"q": "<i8", "i": "<i4", "B": "u1", "Q": "<u8", "I": "<u4", "h": "<i2"}
 
 

@@ -38,7 +38,8 @@ import pyarrow as pa
 
 from tracer.schema import manifest as _manifest
 from tracer import segments as _segments
-from tracer.buffers import Drops, RowBuffer, StructBuffer, page_ids_column, peek_count, yield_gil
+from tracer.buffers import (Drops, RowBuffer, StructBuffer, handoff, page_ids_column, peek_count,
+                            start_turn, yield_gil)
 from tracer.emitgen import _READS_CLOCK, _gen_emit
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
@@ -239,6 +240,7 @@ class Recorder:
         last = time.monotonic()
         while not self._stop_req:
             self._wake.wait(poll_s)
+            start_turn()
             self._wake.clear()
             if self._stop_req:
                 break
@@ -267,6 +269,8 @@ class Recorder:
                     due |= _MARKED | _CLOCK_ROWS
                 s_swap = peek_count(self.seq)  # rows from here on go to the next cycle
                 swapped = {name: self._swap_struct(self.structs[name]) for name in self.structs if name in due}
+                if swapped:  # an emitter that found its buffer full may wait on a swap lock
+                    handoff()
                 # After the swaps every swapped row's mark is in; nothing swapped: marks wait.
                 marks = self._take_marks(swapped, s_swap) if swapped else None
                 for name, bufs in swapped.items():
@@ -353,7 +357,7 @@ class Recorder:
         if len(kept) > 1 and not (kept[1:] > kept[:-1]).all():  # several emitting threads
             batch = batch.take(pa.array(np.argsort(kept, kind="stable")))
         yield_gil()
-        self._segment(name).write(batch)
+        self._segment(name).write(batch, between_steps=yield_gil)
         self.events_written[name] += batch.num_rows
         # Free the column copies one at a time: freeing megabytes (munmap) holds the GIL.
         del batch, arr, seqs, keep, kept
@@ -369,7 +373,7 @@ class Recorder:
         schema = b.fam.arrow_schema(stored=False)
         cols = list(zip(*rows))
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
-        self._segment(name).write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        self._segment(name).write(pa.RecordBatch.from_arrays(arrays, schema=schema), between_steps=yield_gil)
         self.events_written[name] += len(rows)
 
     def _drops_to_rows(self) -> None:

@@ -22,6 +22,9 @@ from tracer.schema.storage import (  # noqa: F401  (re-exported for the recorder
 )
 
 
+MESSAGE_ROWS = 1 << 16  # rows per IPC record-batch message (one GIL hold each)
+
+
 class StreamSegment:
     """An open segment: an Arrow IPC stream appended with ``os.write``.
 
@@ -50,9 +53,18 @@ class StreamSegment:
             view = view[n:]
         self.num_bytes += len(buf)
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        self._write(batch.serialize())
-        self.num_rows += batch.num_rows
+    def write(self, batch: pa.RecordBatch, between_steps=None) -> None:
+        """Append ``batch`` as record-batch messages of at most ``MESSAGE_ROWS`` rows each.
+
+        ``RecordBatch.serialize`` holds the GIL (about 6 ms for a million rows), so a large
+        flush is cut into messages with ``between_steps`` (the recorder yields the GIL) between
+        them; a reader sees the same rows in the same order."""
+        n = batch.num_rows
+        for off in range(0, max(n, 1), MESSAGE_ROWS):
+            if off:
+                between_steps and between_steps()
+            self._write(batch.slice(off, MESSAGE_ROWS).serialize())
+        self.num_rows += n
 
     def abandon(self) -> None:
         """Close the descriptor without touching the file (forked child)."""

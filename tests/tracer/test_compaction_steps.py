@@ -45,3 +45,28 @@ def test_convert_empty_segment_removes_the_stream(tmp_path):
     seg = _segment(tmp_path, batches=0, rows=0)
     assert convert_segment(seg.path, seg.fam, between_steps=lambda: None) is None
     assert not seg.path.exists()
+
+
+def test_a_large_flush_is_written_as_several_messages_with_yields_between(tmp_path):
+    """RecordBatch.serialize holds the GIL: a big batch goes out in MESSAGE_ROWS-row messages,
+    the recorder's yield between them; the stream reads back as the same rows in order."""
+    from tracer import segments
+
+    rows = 2 * segments.MESSAGE_ROWS + 123
+    fam = FAMILIES["pool"]
+    schema = fam.arrow_schema(stored=False)
+    seq = np.arange(1, rows + 1, dtype=np.int64)
+    cols = {"ts_ns": seq * 10, "seq": seq, "pool": np.zeros(rows, np.uint8), "op": np.ones(rows, np.uint8),
+            "rid": seq, "num_slots": np.full(rows, 64, np.int32), "num_pages": np.ones(rows, np.int32),
+            "dur_ns": np.zeros(rows, np.int64)}
+    arrays = [pa.array(cols[f.name]) if f.name in cols else pa.nulls(rows, f.type) for f in schema]
+    seg = StreamSegment(tmp_path, fam, 0)
+    steps = []
+    seg.write(pa.RecordBatch.from_arrays(arrays, schema=schema), between_steps=lambda: steps.append(1))
+    os.close(seg.fd)
+    assert len(steps) == 2 and seg.num_rows == rows
+    with pa.OSFile(str(seg.path)) as f:
+        reader = pa.ipc.open_stream(f)
+        batches = list(reader)
+    assert [b.num_rows for b in batches] == [segments.MESSAGE_ROWS] * 2 + [123]
+    assert np.array_equal(pa.Table.from_batches(batches).column("seq").to_numpy(), seq)
