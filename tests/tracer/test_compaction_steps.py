@@ -70,3 +70,20 @@ def test_a_large_flush_is_written_as_several_messages_with_yields_between(tmp_pa
         batches = list(reader)
     assert [b.num_rows for b in batches] == [segments.MESSAGE_ROWS] * 2 + [123]
     assert np.array_equal(pa.Table.from_batches(batches).column("seq").to_numpy(), seq)
+
+
+def test_the_flusher_hands_the_gil_over_with_a_real_nap_once_per_budget(monkeypatch):
+    """yield_gil never releases the GIL for a mere instant (a waiting emitter would lose the
+    race and wait a whole switch interval): nothing within the budget, a real nap after it."""
+    from tracer import buffers
+
+    naps = []
+    monkeypatch.setattr(buffers.time, "sleep", lambda s: naps.append(s))
+    buffers.start_turn()
+    buffers.yield_gil()
+    assert naps == []
+    buffers._turn[0] -= buffers.HOLD_BUDGET_NS  # the flusher has run a whole budget
+    buffers.yield_gil()
+    assert naps == [buffers.HANDOFF_NAP_S] and naps[0] > 0
+    buffers.yield_gil()  # the budget restarted at the nap
+    assert len(naps) == 1
