@@ -36,7 +36,6 @@ V_NO_TOKEN, V_SWA_WAIT, V_OTHER = int(Verdict.NO_TOKEN), int(Verdict.SWA_WAIT), 
 _chk: list = [False, None, None, None]
 # rid -> (verdict, prefix_len, requested) of its last rejection row (repeats are not written)
 _last_reject: dict[int, tuple] = {}
-_rids_get = state._rids.get  # (the dict is cleared, never rebound)
 _cur_rid = state.cur_rid
 
 
@@ -93,12 +92,7 @@ def _admit_pre(adder, req, chunked: bool):
     except Exception as e:
         state.note_failure("admission.pre", e)
         return None
-    try:  # state.rid_of(req), the common case (an id already seen) inlined
-        rid = _rids_get(req.rid)
-    except Exception:
-        rid = None
-    if rid is None:
-        rid = state.rid_of(req)
+    rid = state.rid_of(req)
     chk = _chk
     chk[0] = True
     chk[1] = chk[2] = chk[3] = None

@@ -29,7 +29,6 @@ LOCK, UNLOCK = int(CacheOp.LOCK), int(CacheOp.UNLOCK)
 LOAD_BACK, BACKUP, HOST_EVICT = int(CacheOp.LOAD_BACK), int(CacheOp.BACKUP), int(CacheOp.HOST_EVICT)
 SWA_RELEASE, RELEASE = int(CacheOp.SWA_RELEASE), int(CacheOp.RELEASE)
 
-_rids_get = state._rids.get  # (the dict is cleared, never rebound)
 _CT = {}  # ComponentType members, filled at install (FULL, SWA)
 # Eviction accounting while inside _evict: [depth, nodes, tombstones]
 _ev = [0, 0, 0]
@@ -81,15 +80,7 @@ def _make_match():
             if tracer.pool is _NOOP:
                 return orig(self, params)
             req = getattr(params, "req", None)
-            if req is not None:
-                try:  # state.rid_of(req), the common case (an id already seen) inlined
-                    rid = _rids_get(req.rid)
-                except Exception:
-                    rid = None
-                if rid is None:
-                    rid = state.rid_of(req)
-            else:
-                rid = state.cur_rid[0]
+            rid = state.cur_rid[0] if req is None else state.rid_of(req)
             t0 = perf_counter_ns()
             out = orig(self, params)
             try:

@@ -104,7 +104,14 @@ def rid_for(rid_str) -> int:
 
 
 def rid_of(req) -> int:
-    """Int request id of an sglang ``Req`` (or -1 for None / an object without ``rid``)."""
+    """Int request id of an sglang ``Req`` (or -1 for None / an object without ``rid``).
+    The common case, an id already seen, is one dict lookup (hot path: match, admission)."""
+    try:
+        r = _rids.get(req.rid)
+    except Exception:  # None, no ``rid``, an unhashable id
+        r = None
+    if r is not None:
+        return r
     if req is None:
         return -1
     return rid_for(getattr(req, "rid", None))
