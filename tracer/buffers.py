@@ -34,7 +34,8 @@ _ZERO_CHUNK = 1 << 20  # bytes zeroed per GIL hold when recycling
 # ``sleep(0)`` drops the GIL for about a microsecond, the flusher, still on its CPU, usually takes
 # it back before the waiter runs, and the waiter, having lost that race, waits a whole interval
 # again. Measured with the stall benchmark: with ``sleep(0)`` between steps 4 of 5 runs had a
-# trial above 5 ms; without, 1 of 10. A nap longer than the waiter's wake-up lets it in.
+# trial above 5 ms; without, 7 of 26 (one or more of 5 trials). A nap longer than the waiter's
+# wake-up lets it in.
 HANDOFF_NAP_S = 50e-6
 HOLD_BUDGET_NS = 500_000  # the flusher holds the GIL at most this long before a nap
 _turn = [0]  # perf_counter_ns of the flusher's last handoff (or wake-up)
