@@ -298,23 +298,15 @@ def _general(self, orig, kind: str, name: str, args, kwargs):
         fp0 = d.get("free_pages") if kind == "alloc" else None
         cap = d["_kvt_cap"] = []
         _capture_inner(self, name, args, cap)
-    d["_kvt_busy"] = True
-    out = None
-    t0 = perf_counter_ns()
-    try:
-        out = orig(self, *args, **kwargs)
-        return out
-    finally:
-        dur = perf_counter_ns() - t0
-        d["_kvt_busy"] = False
+
+    def account(dur: int, out) -> None:
         if cap is not None:
             d.pop("_kvt_cap", None)
-        try:
-            _account(self, kind, name, before, dur, args, kwargs, out, fp0, cap)
-            if group and pool is not None:
-                _emit(pool, GROUP_END, 0, d["page_size"], 0)
-        except Exception as e:
-            state.note_failure(f"allocator.{name}", e)
+        _account(self, kind, name, before, dur, args, kwargs, out, fp0, cap)
+        if group and pool is not None:
+            _emit(pool, GROUP_END, 0, d["page_size"], 0)
+
+    return state.run_measured(self, orig, args, kwargs, account, f"allocator.{name}")
 
 
 def _make_merge():
@@ -486,22 +478,19 @@ def _make_swa_group_end():
             d = self.__dict__
             if tracer.pool is _NOOP:
                 return orig(self)
-            try:
-                fd = d["full_attn_allocator"].__dict__
-                quiet = not (d["swa_page_ids_group"] or d["swa_free_group"] or fd["free_group"]
-                             or fd.get("free_page_ids_group"))
-            except Exception:  # another composite layout: the general path below
-                quiet = False
-            if quiet:
+            full = d.get("full_attn_allocator")
+            fd = full.__dict__ if full is not None else {}
+            full_pending = fd.get("free_group") or fd.get("free_page_ids_group")
+            swa_pending = d.get("swa_page_ids_group") or d.get("swa_free_group")
+            if not (full_pending or swa_pending):
                 return orig(self)
             try:
-                full, swa = d.get("full_attn_allocator"), d.get("swa_attn_allocator")
+                swa = d.get("swa_attn_allocator")
                 tag_swa(self)
                 pools = []
-                if _full_pending(full):
-                    pools.append(full.__dict__.get("_kvt_pool", FULL))
-                if (d.get("swa_page_ids_group") or d.get("swa_free_group")) and swa is not None \
-                        and swa is not full:
+                if full_pending:
+                    pools.append(fd.get("_kvt_pool", FULL))
+                if swa_pending and swa is not None and swa is not full:
                     pools.append(swa.__dict__.get("_kvt_pool", SWA))
                 pools = [p for p in pools if p is not None]
                 ps = self.page_size
@@ -522,13 +511,6 @@ def _make_swa_group_end():
         return free_group_end
 
     return make
-
-
-def _full_pending(full) -> bool:
-    if full is None:
-        return False
-    fd = full.__dict__
-    return bool(fd.get("free_group") or fd.get("free_page_ids_group"))
 
 
 def _make_leaf_init():
