@@ -16,6 +16,7 @@ per family.
 from __future__ import annotations
 
 import itertools
+import mmap
 import struct
 import threading
 import time
@@ -24,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracer.schema import Family
+from tracer.schema.storage import ARROW_POOL
 
 MAX_FREE = 2
 _ZERO_CHUNK = 1 << 20  # bytes zeroed per GIL hold when recycling
@@ -37,8 +39,18 @@ _ZERO_CHUNK = 1 << 20  # bytes zeroed per GIL hold when recycling
 # trial above 5 ms; without, 7 of 26 (one or more of 5 trials). A nap longer than the waiter's
 # wake-up lets it in.
 HANDOFF_NAP_S = 50e-6
+HANDOFF_MAX_S = 2e-3  # the longest a handoff insists on an active emitter getting the GIL
 HOLD_BUDGET_NS = 500_000  # the flusher holds the GIL at most this long before a nap
 _turn = [0]  # perf_counter_ns of the flusher's last handoff (or wake-up)
+# () -> int that grows whenever an emitter runs (the recorder's seq counter), and whether the
+# emitters were active at the last handoff.
+_progress: list = [None, False]
+
+
+def set_progress_probe(probe) -> None:
+    """``probe``: ``() -> int`` that changes whenever an emitting thread has run (the recorder's
+    ``seq``); None to forget it."""
+    _progress[0], _progress[1] = probe, False
 
 
 def yield_gil() -> None:
@@ -51,8 +63,23 @@ def yield_gil() -> None:
 
 def handoff() -> None:
     """Nap so that a thread waiting for the GIL gets it (after the flusher released a lock an
-    emitter may be blocked on, and every ``HOLD_BUDGET_NS`` of flusher work)."""
-    time.sleep(HANDOFF_NAP_S)
+    emitter may be blocked on, and every ``HOLD_BUDGET_NS`` of flusher work).
+
+    A nap does not guarantee the handoff: a waiter whose CPU is slow to wake (a halted vCPU)
+    finds the GIL taken again and waits a whole switch interval more. So when the emitters ran
+    during the last handoff (they are busy), the flusher naps again until the progress probe
+    shows they ran, for at most ``HANDOFF_MAX_S``. An idle server costs one nap."""
+    probe = _progress[0]
+    if probe is None:
+        time.sleep(HANDOFF_NAP_S)
+    else:
+        before = probe()
+        time.sleep(HANDOFF_NAP_S)
+        if _progress[1]:
+            deadline = time.perf_counter_ns() + int(HANDOFF_MAX_S * 1e9)
+            while probe() == before and time.perf_counter_ns() < deadline:
+                time.sleep(HANDOFF_NAP_S)
+        _progress[1] = probe() != before
     _turn[0] = time.perf_counter_ns()
 
 
@@ -89,12 +116,13 @@ class StructBuffer:
 
     def _new(self, committed: bool = False) -> tuple:
         """A clean buffer. ``committed``: a ``bytearray`` (memset now, so its pages are faulted
-        in, and ``pack_into`` is ~10 ns faster into it) -- for ``start()``, in the caller's
-        thread. Otherwise ``np.zeros`` (calloc: no memset holding the GIL in the flusher; the
-        emitter faults its pages in on first use, once, since buffers are recycled)."""
+        in) -- for ``start()``, in the caller's thread. Otherwise an anonymous ``mmap``: zero pages
+        without a memset holding the GIL in the flusher; the emitter faults them in on first use,
+        once, since buffers are recycled. Not ``np.zeros``: numpy asks for transparent huge pages
+        for arrays of 4 MiB or more, and the emitter would then stall ~4.5 ms per 2 MiB fault
+        (see ``tracer.chunks``)."""
         n = self.capacity * self.size
-        data = bytearray(n) if committed else np.zeros(n, np.uint8)
-        return (data, itertools.count(0, self.size), [])
+        return (bytearray(n) if committed else _zero_pages(n), itertools.count(0, self.size), [])
 
     def _new_small(self) -> tuple:
         return (bytearray(self.size), itertools.count(0, self.size), [])
@@ -171,6 +199,14 @@ class Drops:
         return out
 
 
+def _zero_pages(n: int):
+    """``n`` zero bytes in small pages, faulted in lazily."""
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # not shared with a fork
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):  # THP "always" systems
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    return m
+
+
 def peek_count(counter: itertools.count) -> int:
     r = repr(counter)  # "count(N)" or "count(N, step)"
     end = r.find(",")
@@ -178,13 +214,17 @@ def peek_count(counter: itertools.count) -> int:
 
 
 def page_ids_column(side: list, n: int) -> pa.Array:
+    """A ``list<int32>`` column of ``n`` rows from ``side``: ``(row, ids)`` sorted by row; null
+    where no row carries ids."""
     typ = pa.list_(pa.int32())
     if not side:
-        return pa.nulls(n, typ)
+        return pa.nulls(n, typ, memory_pool=ARROW_POOL)
     lens = np.zeros(n, np.int32)
     valid = np.zeros(n, bool)
     values = []
-    for i, ids in side:
+    for k, (i, ids) in enumerate(side):
+        if k & 2047 == 2047:
+            yield_gil()  # a Python loop: the GIL's eval-breaker would hand over only after 5 ms
         v = np.asarray(ids, dtype=np.int32).ravel()
         lens[i] = len(v)
         valid[i] = True
@@ -192,4 +232,4 @@ def page_ids_column(side: list, n: int) -> pa.Array:
     offsets = np.zeros(n + 1, np.int32)
     np.cumsum(lens, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(values)), type=typ,
-                                    mask=pa.array(~valid))
+                                    mask=pa.array(~valid), pool=ARROW_POOL)

@@ -37,9 +37,10 @@ import numpy as np
 import pyarrow as pa
 
 from tracer.schema import manifest as _manifest
+from tracer import chunks as _chunks
 from tracer import segments as _segments
 from tracer.buffers import (Drops, RowBuffer, StructBuffer, handoff, page_ids_column, peek_count,
-                            start_turn, yield_gil)
+                            set_progress_probe, start_turn, yield_gil)
 from tracer.emitgen import _READS_CLOCK, _gen_emit
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
@@ -238,6 +239,14 @@ class Recorder:
         interval_s = self.opts.flush_interval_ms / 1000
         poll_s = min(self.opts.poll_interval_ms / 1000, interval_s)
         last = time.monotonic()
+        seq = self.seq
+        set_progress_probe(lambda: peek_count(seq))  # handoffs insist while emitters are busy
+        try:
+            self._loop(interval_s, poll_s, last)
+        finally:
+            set_progress_probe(None)
+
+    def _loop(self, interval_s: float, poll_s: float, last: float) -> None:
         while not self._stop_req:
             self._wake.wait(poll_s)
             start_turn()
@@ -327,7 +336,8 @@ class Recorder:
             b.free.append(b._new())
 
     def _write_struct(self, name: str, b: StructBuffer, buf: tuple, n: int, marks) -> int:
-        """Append the first ``n`` records of ``buf`` to the segment; returns torn records."""
+        """Append the first ``n`` records of ``buf`` to the segment, in seq order, one IPC message
+        per chunk of rows (see ``tracer.chunks``); returns torn records."""
         data, _ctr, side = buf
         arr = np.frombuffer(data, dtype=b.dtype, count=n)
         seqs = arr["seq"]
@@ -336,33 +346,24 @@ class Recorder:
             time.sleep(0.0002)  # a writer reserved a slot and was preempted before packing
         yield_gil()
         keep = seqs != 0
-        torn = int(n - keep.sum())
-        yield_gil()
-        arrays = []
-        if not b.ts_in_record:  # ts of the latest clock mark at or before each row's seq
-            idx = np.searchsorted(marks[0], seqs, side="right") - 1
-            arrays.append(pa.array(marks[1][np.maximum(idx, 0)]))
-            del idx
-            yield_gil()
-        for f in b.dtype.names:
-            arrays.append(pa.array(np.ascontiguousarray(arr[f])))
-            yield_gil()
-        if name == "pool":
-            arrays.append(page_ids_column(side, n))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=b.fam.arrow_schema(stored=False))
+        torn = int(n - np.count_nonzero(keep))
         if torn:
-            batch = batch.filter(pa.array(keep))
             self.drops.add(name, DropReason.TORN, -1, -1, torn)
-        kept = seqs[keep] if torn else seqs
-        if len(kept) > 1 and not (kept[1:] > kept[:-1]).all():  # several emitting threads
-            batch = batch.take(pa.array(np.argsort(kept, kind="stable")))
-        yield_gil()
-        self._segment(name).write(batch, between_steps=yield_gil)
-        self.events_written[name] += batch.num_rows
-        # Free the column copies one at a time: freeing megabytes (munmap) holds the GIL.
-        del batch, arr, seqs, keep, kept
-        while arrays:
-            arrays.pop()
+        ids = _chunks.SideIndex(side, yield_gil) if name == "pool" else None
+        schema = b.fam.arrow_schema(stored=False)
+        seg = self._segment(name)
+        for pos in _chunks.row_chunks(seqs, keep, torn, yield_gil):
+            rows = arr[pos]
+            arrays = []
+            if not b.ts_in_record:  # ts of the latest clock mark at or before each row's seq
+                idx = np.searchsorted(marks[0], rows["seq"], side="right") - 1
+                arrays.append(pa.array(marks[1][np.maximum(idx, 0)]))
+            arrays.extend(pa.array(np.ascontiguousarray(rows[f])) for f in b.dtype.names)
+            if ids is not None:
+                arrays.append(page_ids_column(ids.entries(pos), len(pos)))
+            seg.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+            self.events_written[name] += len(pos)
+            del rows, arrays
             yield_gil()
         return torn
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from tracer.schema import Family
 from tracer.schema.storage import (  # noqa: F401  (re-exported for the recorder and callers)
+    ARROW_POOL,
     OPEN_SUFFIX,
     convert_segment,
     family_dir,
@@ -44,7 +45,7 @@ class StreamSegment:
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         self.num_rows = 0
         self.num_bytes = 0
-        self._write(self.schema.serialize())
+        self._write(self.schema.serialize(memory_pool=ARROW_POOL))
 
     def _write(self, buf) -> None:
         view = memoryview(buf)
@@ -63,7 +64,7 @@ class StreamSegment:
         for off in range(0, max(n, 1), MESSAGE_ROWS):
             if off:
                 between_steps and between_steps()
-            self._write(batch.slice(off, MESSAGE_ROWS).serialize())
+            self._write(batch.slice(off, MESSAGE_ROWS).serialize(memory_pool=ARROW_POOL))
         self.num_rows += n
 
     def abandon(self) -> None:

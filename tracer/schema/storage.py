@@ -23,6 +23,10 @@ OPEN_SUFFIX = ".arrows"
 CLOSED_SUFFIX = ".parquet"
 _PART_RE = re.compile(r"^part-(\d+)\.(arrows|parquet)$")
 _DELTA_COLUMNS = {"ts_ns", "seq", "first_seq", "last_seq"}
+# The tracer's own Arrow allocations come from the system allocator, not Arrow's default pool:
+# mimalloc madvises its arenas for transparent huge pages, and faulting in one 2 MiB page costs
+# ~4.5 ms on this VM, with the GIL held when the flusher allocates (see tracer.chunks).
+ARROW_POOL = pa.system_memory_pool()
 
 
 def family_dir(trace_dir: str | os.PathLike, family: str, rank: int) -> Path:
@@ -56,14 +60,15 @@ def to_stored(table: pa.Table, fam: Family) -> pa.Table:
     for col in fam.columns:
         if col.name not in table.column_names:
             if pa.types.is_list(col.type) or pa.types.is_string(col.type):
-                arrays.append(pa.nulls(table.num_rows, col.type))
+                arrays.append(pa.nulls(table.num_rows, col.type, memory_pool=ARROW_POOL))
                 continue
             raise ValueError(f"family {fam.name!r}: missing column {col.name!r}")
-        arr = table.column(col.name).combine_chunks()
+        chunks = table.column(col.name).chunks  # (ChunkedArray.combine_chunks ignores its pool)
+        arr = pa.concat_arrays(chunks, memory_pool=ARROW_POOL) if chunks else table.column(col.name).combine_chunks()
         if col.enum is not None:
             arrays.append(_encode_enum(arr, col.name, col.enum))
         else:
-            arrays.append(arr.cast(col.type) if arr.type != col.type else arr)
+            arrays.append(arr.cast(col.type, memory_pool=ARROW_POOL) if arr.type != col.type else arr)
     return pa.Table.from_arrays(arrays, schema=fam.arrow_schema(stored=True))
 
 
@@ -71,7 +76,7 @@ def _encode_enum(arr: pa.Array, name: str, enum_type) -> pa.DictionaryArray:
     names = enum_names(enum_type)
     dict_type = pa.dictionary(pa.int8(), pa.string())
     if pa.types.is_dictionary(arr.type):
-        arr = arr.cast(pa.string())
+        arr = arr.cast(pa.string(), memory_pool=ARROW_POOL)
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
         lookup = {n: i for i, n in enumerate(names)}
         values = arr.to_pylist()
@@ -79,12 +84,13 @@ def _encode_enum(arr: pa.Array, name: str, enum_type) -> pa.DictionaryArray:
             codes = [lookup[v] for v in values]
         except KeyError as e:
             raise ValueError(f"column {name!r}: {e.args[0]!r} is not one of {names}") from None
-        idx = pa.array(codes, pa.int8())
+        idx = pa.array(codes, pa.int8(), memory_pool=ARROW_POOL)
     else:
-        idx = arr.cast(pa.int8())
+        idx = arr.cast(pa.int8(), memory_pool=ARROW_POOL)
         if len(idx) and (pc.min(idx).as_py() < 0 or pc.max(idx).as_py() >= len(names)):
             raise ValueError(f"column {name!r}: code out of range 0..{len(names) - 1} ({names})")
-    return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string())).cast(dict_type)
+    return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string()), memory_pool=ARROW_POOL).cast(
+        dict_type, memory_pool=ARROW_POOL)
 
 
 def _parquet_options(schema: pa.Schema) -> dict:
@@ -104,7 +110,7 @@ def write_parquet(path: str | os.PathLike, table: pa.Table, *, row_group_rows: i
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with pq.ParquetWriter(tmp, table.schema, **_parquet_options(table.schema)) as w:
+    with pq.ParquetWriter(tmp, table.schema, memory_pool=ARROW_POOL, **_parquet_options(table.schema)) as w:
         for start in range(0, max(table.num_rows, 1), row_group_rows):
             w.write_table(table.slice(start, row_group_rows), row_group_size=row_group_rows)
             if between_row_groups is not None:
@@ -136,7 +142,7 @@ def read_stream_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], 
     """Every complete record batch of an IPC stream; second value: why reading stopped early."""
     batches: list[pa.RecordBatch] = []
     try:
-        reader = ipc.open_stream(pa.memory_map(str(path)))
+        reader = ipc.open_stream(pa.memory_map(str(path)), memory_pool=ARROW_POOL)
     except (pa.ArrowInvalid, OSError) as e:
         return batches, f"unreadable stream header ({e})"
     while True:
