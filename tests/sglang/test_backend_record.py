@@ -194,5 +194,7 @@ def test_overhead_bench_runs(tmp_path):
     spec.loader.exec_module(bench)
     w = write_workload(tmp_path / "w", multi_turn_rows(2, 2), hash_block_tokens=BLOCK)
     r = bench.measure(w, overrides=SMALL, repeat=1)
-    assert {"wall_s_off", "wall_s_on", "slowdown_pct", "events_per_s"} <= set(r)
+    assert {"wall_s_off", "wall_s_on", "slowdown_pct", "events_per_s", "slowdown_pct_step_min"} <= set(r)
     assert r["events"] > 0 and r["num_requests"] == 4
+    # every step timed in both modes: the per-step minima add up to at most the whole runs
+    assert 0 < r["step_min_s_off"] <= r["wall_s_off"] and 0 < r["step_min_s_on"] <= r["wall_s_on"]
