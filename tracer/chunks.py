@@ -25,17 +25,29 @@ from tracer.segments import MESSAGE_ROWS
 _row_of = itemgetter(0)
 
 
+def written_mask(seqs: np.ndarray, between: Callable[[], None], rows: int = MESSAGE_ROWS) -> np.ndarray:
+    """``seqs != 0`` (the rows written), computed a chunk at a time (a strided 1M-row compare
+    holds the GIL ~2 ms)."""
+    keep = np.empty(len(seqs), bool)
+    for start in range(0, len(seqs), rows):
+        np.not_equal(seqs[start : start + rows], 0, out=keep[start : start + rows])
+        between()
+    return keep
+
+
 def row_chunks(seqs: np.ndarray, keep: np.ndarray, torn: int, between: Callable[[], None],
-               rows: int = MESSAGE_ROWS) -> Iterator[np.ndarray]:
-    """Positions (row indices into the buffer) of the kept rows in ``seq`` order, at most
-    ``rows`` at a time. ``seqs``: the buffer's seq column (a strided view); ``keep``: rows
-    written (``seq != 0``); ``torn``: how many are not."""
+               rows: int = MESSAGE_ROWS) -> Iterator[slice | np.ndarray]:
+    """The kept rows in ``seq`` order, at most ``rows`` at a time: a ``slice`` of the buffer, or
+    an array of row indices. ``seqs``: the buffer's seq column (a strided view); ``keep``: rows
+    written; ``torn``: how many are not. Select a column's chunk with ``column[chunk]``, never
+    the structured array itself (a 64 Ki-row structured fancy index takes ~3.3 ms)."""
     n = len(seqs)
     if _in_order(seqs, keep, rows, between):
         for start in range(0, n, rows):
-            pos = np.arange(start, min(start + rows, n))
-            if torn:
-                pos = pos[keep[start : start + rows]]
+            if not torn:
+                yield slice(start, min(start + rows, n))
+                continue
+            pos = np.flatnonzero(keep[start : start + rows]) + start
             if len(pos):
                 yield pos
         return
@@ -50,6 +62,11 @@ def row_chunks(seqs: np.ndarray, keep: np.ndarray, torn: int, between: Callable[
     between()
     for start in range(0, len(order), rows):
         yield order.slice(start, rows).to_numpy()
+
+
+def positions(chunk: slice | np.ndarray) -> np.ndarray:
+    """Row indices of a chunk from ``row_chunks``."""
+    return np.arange(chunk.start, chunk.stop) if isinstance(chunk, slice) else chunk
 
 
 def _in_order(seqs: np.ndarray, keep: np.ndarray, rows: int, between: Callable[[], None]) -> bool:
@@ -69,7 +86,7 @@ class SideIndex:
     ``side`` is appended in slot order, so it is sorted unless threads interleaved (then it is
     sorted here, once)."""
 
-    def __init__(self, side: list, between: Callable[[], None], rows: int = MESSAGE_ROWS):
+    def __init__(self, side: list, between: Callable[[], None], rows: int = 1 << 14):
         self.side = side
         prev = -1
         for start in range(0, len(side), rows):

@@ -341,29 +341,31 @@ class Recorder:
         data, _ctr, side = buf
         arr = np.frombuffer(data, dtype=b.dtype, count=n)
         seqs = arr["seq"]
+        keep = _chunks.written_mask(seqs, yield_gil)
         deadline = time.monotonic() + 0.05
-        while not seqs.all() and time.monotonic() < deadline:
+        while not keep.all() and time.monotonic() < deadline:
             time.sleep(0.0002)  # a writer reserved a slot and was preempted before packing
-        yield_gil()
-        keep = seqs != 0
+            keep = _chunks.written_mask(seqs, yield_gil)
         torn = int(n - np.count_nonzero(keep))
         if torn:
             self.drops.add(name, DropReason.TORN, -1, -1, torn)
         ids = _chunks.SideIndex(side, yield_gil) if name == "pool" else None
         schema = b.fam.arrow_schema(stored=False)
         seg = self._segment(name)
-        for pos in _chunks.row_chunks(seqs, keep, torn, yield_gil):
-            rows = arr[pos]
+        columns = [arr[f] for f in b.dtype.names]  # strided views
+        for chunk in _chunks.row_chunks(seqs, keep, torn, yield_gil):
             arrays = []
             if not b.ts_in_record:  # ts of the latest clock mark at or before each row's seq
-                idx = np.searchsorted(marks[0], rows["seq"], side="right") - 1
+                idx = np.searchsorted(marks[0], seqs[chunk], side="right") - 1
                 arrays.append(pa.array(marks[1][np.maximum(idx, 0)]))
-            arrays.extend(pa.array(np.ascontiguousarray(rows[f])) for f in b.dtype.names)
+            arrays.extend(pa.array(np.ascontiguousarray(c[chunk])) for c in columns)
+            rows = len(arrays[-1])
             if ids is not None:
-                arrays.append(page_ids_column(ids.entries(pos), len(pos)))
+                arrays.append(page_ids_column(ids.entries(_chunks.positions(chunk)), rows))
+            yield_gil()
             seg.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
-            self.events_written[name] += len(pos)
-            del rows, arrays
+            self.events_written[name] += rows
+            del arrays
             yield_gil()
         return torn
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import tracer
 from replay.trace import open_trace
 from tracer import buffers
-from tracer.chunks import SideIndex, row_chunks
+from tracer.chunks import SideIndex, positions, row_chunks, written_mask
 from tracer.schema import FAMILIES, Pool, PoolOp
 
 
@@ -26,9 +26,10 @@ def test_row_chunks_give_every_kept_row_once_in_seq_order(seq_list, data):
     seqs = np.array(seq_list, np.int64)
     torn_at = data.draw(st.lists(st.integers(0, len(seqs) - 1), unique=True, max_size=5))
     seqs[torn_at] = 0
-    keep = seqs != 0
+    keep = written_mask(seqs, _noop, rows=3)
+    assert keep.tolist() == (seqs != 0).tolist()
     rows = data.draw(st.integers(1, 8))
-    chunks = list(row_chunks(seqs, keep, int((~keep).sum()), _noop, rows=rows))
+    chunks = [positions(c) for c in row_chunks(seqs, keep, int((~keep).sum()), _noop, rows=rows)]
     assert all(0 < len(c) <= rows for c in chunks)
     pos = np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
     assert sorted(pos.tolist()) == np.flatnonzero(keep).tolist()
