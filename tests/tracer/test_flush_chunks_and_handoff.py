@@ -1,4 +1,5 @@
-"""A flush cuts a buffer into chunks: every kept row once, in seq order, with its page ids."""
+"""A flush cuts a buffer into chunks (every kept row once, in seq order, with its page ids) and
+hands the GIL over, insisting while emitters are busy."""
 
 from __future__ import annotations
 
@@ -91,3 +92,29 @@ def test_spare_buffers_are_zero_and_not_shared_with_a_forked_child():
         os._exit(0)
     assert os.waitpid(pid, 0)[1] == 0
     assert data[0] == 0
+
+
+def test_handoff_insists_only_while_emitters_are_busy():
+    calls = []
+
+    def probe_changing_after(k):
+        def probe():
+            calls.append(1)
+            return 0 if len(calls) <= k else 1
+        return probe
+
+    try:
+        buffers.set_progress_probe(probe_changing_after(3))  # idle so far: one nap, no insisting
+        buffers.handoff()
+        assert len(calls) == 2 and buffers._progress[1] is False
+        calls.clear()
+        buffers._progress[1] = True  # emitters ran at the last handoff: nap until they run again
+        buffers.handoff()
+        assert len(calls) == 5 and buffers._progress[1] is True
+        calls.clear()
+        buffers.set_progress_probe(lambda: calls.append(1) or 0)  # busy, then never progresses
+        buffers._progress[1] = True
+        buffers.handoff()  # gives up after HANDOFF_MAX_S, and insists no more next time
+        assert buffers._progress[1] is False and len(calls) >= 3
+    finally:
+        buffers.set_progress_probe(None)
