@@ -27,6 +27,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/tracer_overhead.py
+	$(BIN)/python bench/sglang_overhead.py
 
 data: $(STAMP)
 	$(BIN)/python -m replay.workloads.make_data
