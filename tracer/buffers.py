@@ -200,7 +200,10 @@ class Drops:
 
 
 def _zero_pages(n: int):
-    """``n`` zero bytes in small pages, faulted in lazily."""
+    """``n`` zero bytes in small pages, faulted in lazily (a ``bytearray`` where anonymous
+    private mappings do not exist, e.g. Windows)."""
+    if not hasattr(mmap, "MAP_PRIVATE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return bytearray(n)
     m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # not shared with a fork
     if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):  # THP "always" systems
         m.madvise(mmap.MADV_NOHUGEPAGE)
