@@ -47,10 +47,11 @@ _turn = [0]  # perf_counter_ns of the flusher's last handoff (or wake-up)
 _progress: list = [None, False]
 
 
-def set_progress_probe(probe) -> None:
+def set_progress_probe(probe, only_if=None) -> None:
     """``probe``: ``() -> int`` that changes whenever an emitting thread has run (the recorder's
-    ``seq``); None to forget it."""
-    _progress[0], _progress[1] = probe, False
+    ``seq``); None to forget it. ``only_if``: replace only that probe (no-op otherwise)."""
+    if only_if is None or _progress[0] is only_if:
+        _progress[0], _progress[1] = probe, False
 
 
 def yield_gil() -> None:

@@ -240,11 +240,15 @@ class Recorder:
         poll_s = min(self.opts.poll_interval_ms / 1000, interval_s)
         last = time.monotonic()
         seq = self.seq
-        set_progress_probe(lambda: peek_count(seq))  # handoffs insist while emitters are busy
+
+        def probe() -> int:
+            return peek_count(seq)
+
+        set_progress_probe(probe)  # handoffs insist while emitters are busy
         try:
             self._loop(interval_s, poll_s, last)
         finally:
-            set_progress_probe(None)
+            set_progress_probe(None, only_if=probe)  # a later recorder may have set its own
 
     def _loop(self, interval_s: float, poll_s: float, last: float) -> None:
         while not self._stop_req:

@@ -118,3 +118,20 @@ def test_handoff_insists_only_while_emitters_are_busy():
         assert buffers._progress[1] is False and len(calls) >= 3
     finally:
         buffers.set_progress_probe(None)
+
+
+def test_a_stopping_flusher_leaves_a_newer_recorders_probe_alone():
+    def mine():
+        return 0
+
+    def newer():
+        return 1
+
+    try:
+        buffers.set_progress_probe(newer)
+        buffers.set_progress_probe(None, only_if=mine)
+        assert buffers._progress[0] is newer
+        buffers.set_progress_probe(None, only_if=newer)
+        assert buffers._progress[0] is None
+    finally:
+        buffers.set_progress_probe(None)
