@@ -108,9 +108,10 @@ class SideIndex:
         cand = self.side[lo:hi]
         want = np.fromiter(map(_row_of, cand), np.int64, len(cand))
         srt = np.argsort(pos, kind="stable")
-        at = np.minimum(np.searchsorted(pos[srt], want), len(pos) - 1)
-        found = np.flatnonzero(pos[srt][at] == want)
-        out = srt[at][found]
+        sorted_pos = pos[srt]
+        at = np.minimum(np.searchsorted(sorted_pos, want), len(pos) - 1)
+        found = np.flatnonzero(sorted_pos[at] == want)
+        out = srt[at[found]]
         if len(out) > 1 and not (out[1:] > out[:-1]).all():  # rows taken out of slot order
             by_out = np.argsort(out, kind="stable")
             found, out = found[by_out], out[by_out]
