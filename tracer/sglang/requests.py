@@ -89,8 +89,12 @@ def page_hashes(token_ids, block_tokens: int) -> np.ndarray | None:
     """
     if block_tokens <= 0:
         return None
-    toks = np.frombuffer(token_ids, dtype=np.int64) if hasattr(token_ids, "typecode") and \
-        token_ids.typecode == "q" else np.asarray(token_ids, dtype=np.int64)
+    if type(token_ids) is list:  # sglang's origin_input_ids: fromiter is ~25 % faster
+        toks = np.fromiter(token_ids, np.int64, len(token_ids))
+    elif getattr(token_ids, "typecode", None) == "q":
+        toks = np.frombuffer(token_ids, dtype=np.int64)
+    else:
+        toks = np.asarray(token_ids, dtype=np.int64)
     n = len(toks) // block_tokens
     if n == 0:
         return np.zeros(0, U64)
