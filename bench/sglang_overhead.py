@@ -9,6 +9,11 @@ never change a decision.
     python bench/sglang_overhead.py                       # data/workloads/mixed, table
     python bench/sglang_overhead.py --requests 120 --json # one JSON object
 
+``--decompose`` instead runs five modes side by side: off, off again (the comparison's noise
+floor), the wrappers alone (installed and recording, emits bound to the disabled no-ops, so each
+wrapper takes its not-recording branch), the hooks without rows (emits are no-ops) and on. The
+differences split the overhead into intercepting the calls, reading sglang state and writing rows.
+
 ``--breakdown`` adds one more hooked run that times every wrapped method twice, around the
 wrapper and around the original it calls: the difference is the hook's own time per call and
 per step (timer cost, about 0.3 us per call, included). It shows where a step's overhead is.
@@ -69,21 +74,32 @@ def _run_off(workload, settings) -> tuple[dict, object]:
         return _timed_run(be)
 
 
-def _run_on(workload, settings, out: Path) -> tuple[dict, object, int, float]:
+def _run_on(workload, settings, out: Path, variant: str = "on") -> tuple[dict, object, int, float]:
+    """One hooked run. ``variant``: ``on`` (recording), ``intercept`` (hooks installed and the
+    recorder running, but the emits bound to the disabled no-ops: every wrapper takes its
+    not-recording branch, so this is the cost of intercepting the calls alone) or ``noemit``
+    (every hook does its work, the emits are no-ops: intercepting plus reading sglang state)."""
     import tracer
     import tracer.sglang
     from replay.backends.sglang import SglangBackend
     from replay.trace import open_trace
+    from tracer.emitgen import EMIT_NAMES
     from tracer.schema import FAMILIES
 
     tracer.sglang.install()
     try:
         tracer.start(out, source="sglang-backend", server=settings.server(),
                      hash_block_tokens=workload.hash_block_tokens)
+        bound = {n: getattr(tracer, n) for n in EMIT_NAMES}
+        if variant != "on":  # (a distinct no-op for noemit: hooks test ``is DISABLED``)
+            for n in EMIT_NAMES:
+                setattr(tracer, n, tracer.DISABLED[n] if variant == "intercept" else _noemit)
         try:
             with SglangBackend(workload, settings, debug_memory_pool=False) as be:
                 times, result = _timed_run(be)
         finally:
+            for n, f in bound.items():
+                setattr(tracer, n, f)
             t_stop = time.perf_counter()
             tracer.stop()
             stop_s = time.perf_counter() - t_stop
@@ -92,11 +108,17 @@ def _run_on(workload, settings, out: Path) -> tuple[dict, object, int, float]:
         tracer.sglang.uninstall()
     if failures:
         raise RuntimeError(f"hook failures: {failures}")
+    if variant != "on":
+        return times, result, 0, stop_s
     tr = open_trace(out)
     if tr.num_dropped:
         raise RuntimeError(f"the hooked run dropped {tr.num_dropped} events")
     events = sum(tr.rows(f) for f in FAMILIES)
     return times, result, events, stop_s
+
+
+def _noemit(*args, **kwargs) -> None:
+    return None
 
 
 def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS) -> dict:
@@ -165,29 +187,25 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
             "hooks": rows}
 
 
-def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 3) -> dict:
-    """Run the workload ``repeat`` times with hooks off and on; returns the JSON object."""
-    from replay.backends.sglang import load_workload, parse_overrides
-    from replay.backends.sglang_env import bootstrap
-
-    info = bootstrap()
-    settings = parse_overrides(overrides)
-    wl = load_workload(workload_path)
-    if requests:
-        wl = dataclasses.replace(wl, requests=wl.requests[:requests])
-    runs: dict[str, list[dict]] = {"off": [], "on": []}
+def _rounds(wl, settings, modes: tuple[str, ...], repeat: int) -> tuple[dict, object, list, list]:
+    """``repeat`` rounds over ``modes`` (order reversed every other round). A mode is ``off``
+    (or ``off2``: the same again, the noise floor) or a ``_run_on`` variant. Returns the runs
+    per mode, the (common) result, events and final-flush times of the ``on`` runs."""
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     events, stops = [], []
     tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
     reference = None
     try:
+        _run_off(wl, settings)  # warm-up (imports, first-touch of caches and pools), not counted
         for i in range(repeat):
-            for mode in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                if mode == "off":
+            for mode in (modes if i % 2 == 0 else modes[::-1]):
+                if mode.startswith("off"):
                     times, result = _run_off(wl, settings)
                 else:
-                    times, result, n, stop_s = _run_on(wl, settings, tmp / f"run{i}")
-                    events.append(n)
-                    stops.append(stop_s)
+                    times, result, n, stop_s = _run_on(wl, settings, tmp / f"{mode}{i}", mode)
+                    if mode == "on":
+                        events.append(n)
+                        stops.append(stop_s)
                 runs[mode].append(times)
                 if reference is None:
                     reference = result
@@ -195,6 +213,29 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
                     raise RuntimeError("hooks changed the run's result")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return runs, reference, events, stops
+
+
+def _step_min_s(runs: list[dict]) -> float:
+    """Sum over steps of each step's fastest time over the runs (s)."""
+    return sum(min(x) for x in zip(*(r["steps"] for r in runs))) / 1e9
+
+
+def _load(workload_path: Path, requests: int, overrides):
+    from replay.backends.sglang import load_workload, parse_overrides
+    from replay.backends.sglang_env import bootstrap
+
+    info = bootstrap()
+    wl = load_workload(workload_path)
+    if requests:
+        wl = dataclasses.replace(wl, requests=wl.requests[:requests])
+    return info, parse_overrides(overrides), wl
+
+
+def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 3) -> dict:
+    """Run the workload ``repeat`` times with hooks off and on; returns the JSON object."""
+    info, settings, wl = _load(workload_path, requests, overrides)
+    runs, reference, events, stops = _rounds(wl, settings, ("off", "on"), repeat)
 
     def med(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[mode])
@@ -203,8 +244,7 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
         return round((med("on", key) - med("off", key)) / med("off", key) * 100, 2)
 
     w_on = med("on", "wall")
-    step_min = {m: [min(x) for x in zip(*(r["steps"] for r in runs[m]))] for m in runs}
-    off_min, on_min = sum(step_min["off"]), sum(step_min["on"])
+    off_min, on_min = _step_min_s(runs["off"]), _step_min_s(runs["on"])
     return {
         "workload": str(workload_path),
         "num_requests": len(wl.requests),
@@ -213,8 +253,8 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
         "wall_s_off": round(med("off", "wall"), 4),
         "wall_s_on": round(w_on, 4),
         "slowdown_pct": pct("wall"),
-        "step_min_s_off": round(off_min / 1e9, 4),
-        "step_min_s_on": round(on_min / 1e9, 4),
+        "step_min_s_off": round(off_min, 4),
+        "step_min_s_on": round(on_min, 4),
         "slowdown_pct_step_min": round((on_min - off_min) / off_min * 100, 2),
         "events": int(statistics.median(events)),
         "events_per_s": round(statistics.median(events) / w_on, 1),
@@ -232,6 +272,30 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
     }
 
 
+DECOMPOSE_MODES = ("off", "off2", "intercept", "noemit", "on")
+
+
+def decompose(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 4) -> dict:
+    """Where the overhead comes from, side by side in one process: ``off``; ``off2`` (off again:
+    the noise floor of the comparison); ``intercept`` (the wrappers alone); ``noemit`` (the
+    wrappers and the hooks' reading of sglang state, no rows written); ``on``. Per mode: the
+    step-minimum sum and median wall, their excess over ``off`` (% and us per step)."""
+    _info, settings, wl = _load(workload_path, requests, overrides)
+    runs, reference, events, _ = _rounds(wl, settings, DECOMPOSE_MODES, repeat)
+    steps = reference.num_steps
+    base_min = _step_min_s(runs["off"])
+    base_wall = statistics.median(r["wall"] for r in runs["off"])
+    modes = {}
+    for m in DECOMPOSE_MODES:
+        mn = _step_min_s(runs[m])
+        wall = statistics.median(r["wall"] for r in runs[m])
+        modes[m] = {"step_min_s": round(mn, 4), "step_min_pct": round((mn / base_min - 1) * 100, 2),
+                    "step_min_us_per_step": round((mn - base_min) * 1e6 / steps, 1),
+                    "wall_s": round(wall, 4), "wall_pct": round((wall / base_wall - 1) * 100, 2)}
+    return {"workload": str(workload_path), "num_steps": steps, "repeat": repeat,
+            "events_per_step": round(statistics.median(events) / steps, 2), "modes": modes}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD, help="workload trace directory")
@@ -241,9 +305,24 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="rounds of (off, on); medians are compared")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time each hook's own cost per call and per step (one more run)")
+    ap.add_argument("--decompose", action="store_true",
+                    help="instead: off, off again (noise), wrappers only, hooks without rows, on")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     overrides = tuple(args.overrides) if args.overrides else DEFAULT_SETTINGS
+    if args.decompose:
+        d = decompose(args.workload, requests=args.requests, overrides=overrides,
+                      repeat=args.repeat)
+        if args.json:
+            print(json.dumps(d))
+            return 0
+        print(f"workload {d['workload']}: {d['num_steps']} steps, {d['repeat']} rounds, "
+              f"{d['events_per_step']} rows/step when on")
+        print(f"{'mode':12}{'step-min s':>11}{'excess':>9}{'us/step':>9}{'wall s':>9}{'excess':>9}")
+        for m, v in d["modes"].items():
+            print(f"{m:12}{v['step_min_s']:>11.3f}{v['step_min_pct']:>8.2f}%"
+                  f"{v['step_min_us_per_step']:>9.1f}{v['wall_s']:>9.3f}{v['wall_pct']:>8.2f}%")
+        return 0
     r = measure(args.workload, requests=args.requests, overrides=overrides, repeat=args.repeat)
     if args.breakdown:
         r["breakdown"] = breakdown(args.workload, requests=args.requests, overrides=overrides)

@@ -198,3 +198,7 @@ def test_overhead_bench_runs(tmp_path):
     assert r["events"] > 0 and r["num_requests"] == 4
     # every step timed in both modes: the per-step minima add up to at most the whole runs
     assert 0 < r["step_min_s_off"] <= r["wall_s_off"] and 0 < r["step_min_s_on"] <= r["wall_s_on"]
+    d = bench.decompose(w, overrides=SMALL, repeat=1)
+    assert tuple(d["modes"]) == bench.DECOMPOSE_MODES and d["num_steps"] == r["num_steps"]
+    assert d["modes"]["off"]["step_min_pct"] == 0 and d["events_per_step"] > 0
+    assert all(0 < v["step_min_s"] <= v["wall_s"] for v in d["modes"].values())
