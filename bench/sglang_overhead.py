@@ -313,22 +313,32 @@ def main(argv=None) -> int:
     if args.decompose:
         d = decompose(args.workload, requests=args.requests, overrides=overrides,
                       repeat=args.repeat)
-        if args.json:
-            print(json.dumps(d))
-            return 0
-        print(f"workload {d['workload']}: {d['num_steps']} steps, {d['repeat']} rounds, "
-              f"{d['events_per_step']} rows/step when on")
-        print(f"{'mode':12}{'step-min s':>11}{'excess':>9}{'us/step':>9}{'wall s':>9}{'excess':>9}")
-        for m, v in d["modes"].items():
-            print(f"{m:12}{v['step_min_s']:>11.3f}{v['step_min_pct']:>8.2f}%"
-                  f"{v['step_min_us_per_step']:>9.1f}{v['wall_s']:>9.3f}{v['wall_pct']:>8.2f}%")
-        return 0
+        return _report(d, args.json, _print_decomposition)
     r = measure(args.workload, requests=args.requests, overrides=overrides, repeat=args.repeat)
     if args.breakdown:
         r["breakdown"] = breakdown(args.workload, requests=args.requests, overrides=overrides)
-    if args.json:
-        print(json.dumps(r))
-        return 0
+    return _report(r, args.json, _print_measure)
+
+
+def _report(result: dict, as_json: bool, table) -> int:
+    """Print ``result`` as one JSON object or as the table ``table`` prints."""
+    if as_json:
+        print(json.dumps(result))
+    else:
+        table(result)
+    return 0
+
+
+def _print_decomposition(d: dict) -> None:
+    print(f"workload {d['workload']}: {d['num_steps']} steps, {d['repeat']} rounds, "
+          f"{d['events_per_step']} rows/step when on")
+    print(f"{'mode':12}{'step-min s':>11}{'excess':>9}{'us/step':>9}{'wall s':>9}{'excess':>9}")
+    for m, v in d["modes"].items():
+        print(f"{m:12}{v['step_min_s']:>11.3f}{v['step_min_pct']:>8.2f}%"
+              f"{v['step_min_us_per_step']:>9.1f}{v['wall_s']:>9.3f}{v['wall_pct']:>8.2f}%")
+
+
+def _print_measure(r: dict) -> None:
     print(f"workload {r['workload']}: {r['num_requests']} requests, {r['num_steps']} steps, "
           f"{r['repeat']} rounds (medians)")
     print(f"{'':14}{'hooks off':>12}{'hooks on':>12}{'slowdown':>11}")
@@ -347,7 +357,6 @@ def main(argv=None) -> int:
         for h in b["hooks"][:20]:
             print(f"{h['name'][:57]:58}{h['calls'] / b['steps']:>11.2f}{h['own_us_per_call']:>9.2f}"
                   f"{h['own_us_per_step']:>9.2f}")
-    return 0
 
 
 if __name__ == "__main__":
