@@ -15,7 +15,7 @@ os.environ.setdefault("SGLANG_DEBUG_MEMORY_POOL", "1")
 
 import tracer  # noqa: E402
 import tracer.sglang as hooks  # noqa: E402
-from replay.backends.sglang_env import bootstrap  # noqa: E402
+from replay.backends.sglang.env import bootstrap  # noqa: E402
 
 
 def torch_ints(values):

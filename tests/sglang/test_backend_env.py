@@ -10,7 +10,7 @@ import pytest
 
 os.environ.setdefault("SGLANG_DEBUG_MEMORY_POOL", "1")
 
-from replay.backends import sglang_env  # noqa: E402
+from replay.backends.sglang import env as sglang_env  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -58,7 +58,7 @@ def test_uninstall_noops_restores_originals():
 def test_stub_shapes():
     """The catch-all answers the usage shapes sglang makes at import time."""
     code = (
-        "import sys; from replay.backends.sglang_env import install_import_stubs as i;"
+        "import sys; from replay.backends.sglang.env import install_import_stubs as i;"
         "r = i(); assert 'triton' in r, r\n"
         "import triton, triton.language as tl\n"
         "from triton.runtime.autotuner import OutOfResources, Autotuner\n"
@@ -83,7 +83,7 @@ def test_no_stub_for_an_installed_package(tmp_path):
     pkg = tmp_path / "torchvision"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("__version__ = 'real'\n")
-    code = ("from replay.backends.sglang_env import install_import_stubs as i\n"
+    code = ("from replay.backends.sglang.env import install_import_stubs as i\n"
             "r = i(); assert r == ('triton',), r\n"
             "import torchvision; assert torchvision.__version__ == 'real'\n"
             "assert not hasattr(torchvision, '__kvtrace_stub__')\n"

@@ -1,4 +1,4 @@
-"""The listed patches of replay.backends.sglang_patches: each changes one decision, then undoes."""
+"""The listed patches of replay.backends.sglang.patches: each changes one decision, then undoes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("SGLANG_DEBUG_MEMORY_POOL", "1")
 
 from replay.backends.sglang import SglangBackend, SglangSettings  # noqa: E402
-from replay.backends.sglang_patches import PATCHES  # noqa: E402
+from replay.backends.sglang.patches import PATCHES  # noqa: E402
 from tests.sglang.backend_util import blocks, req, workload  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.sglang
 @pytest.fixture(autouse=True)
 def _sglang():
     """Make ``import sglang`` work on CPU (fails, never skips, without sglang)."""
-    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang.env import bootstrap
 
     bootstrap()
 

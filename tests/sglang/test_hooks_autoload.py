@@ -30,7 +30,7 @@ SERVER = textwrap.dedent('''
     import multiprocessing as mp, sys
 
     def scheduler(n_tokens):
-        from replay.backends.sglang_env import bootstrap
+        from replay.backends.sglang.env import bootstrap
         bootstrap()
         import torch
         from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator

@@ -40,7 +40,7 @@ def _snapshot():
 
 
 def test_install_idempotent_and_uninstall_restores_exact_originals():
-    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang.env import bootstrap
 
     bootstrap()
     hooks.uninstall()
@@ -78,7 +78,7 @@ def test_install_idempotent_and_uninstall_restores_exact_originals():
 
 
 def test_not_recording_writes_nothing_and_changes_nothing(tmp_path):
-    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang.env import bootstrap
 
     bootstrap()
     hooks.install()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from replay.workloads.cli import workload
+from replay.cli.workload import workload
 
 KVTRACE = shutil.which("kvtrace") or str(Path(sys.executable).parent / "kvtrace")
 REQUIRED = ["requests", "sessions", "arrival_rate_per_s", "input_len_p50", "input_len_p99",

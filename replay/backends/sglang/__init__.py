@@ -6,8 +6,8 @@
 
 Modules: ``settings`` (frozen config), ``workload`` (arrival rows), ``tokens`` (token ids from
 page hashes), ``build`` (the real objects), ``loop`` (the scheduler loop), ``occupancy`` (the
-identity check). The bootstrap is ``replay.backends.sglang_env``; the listed patches are
-``replay.backends.sglang_patches``. See docs/sglang.md.
+identity check). The bootstrap is ``replay.backends.sglang.env``; the listed patches are
+``replay.backends.sglang.patches``. See docs/sglang.md.
 """
 
 from replay.backends.sglang.loop import LoopObserver, RunResult, SglangBackend, StepRecord, run_backend

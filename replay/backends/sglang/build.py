@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from replay.backends.sglang.settings import SglangSettings
-from replay.backends.sglang_env import bootstrap
+from replay.backends.sglang.env import bootstrap
 
 #: Stand-in for the model config: the scheduler reads only these fields on our paths
 #: (no logprobs, no multimodal, no encoder-decoder). ``vocab_size`` bounds sampled ids.

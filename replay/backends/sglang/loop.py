@@ -42,8 +42,8 @@ from replay.backends.sglang.occupancy import PoolOccupancy, check_identity, meas
 from replay.backends.sglang.settings import SglangSettings
 from replay.backends.sglang.tokens import EOS_TOKEN_ID, TokenSynth
 from replay.backends.sglang.workload import Workload, WorkloadRequest
-from replay.backends.sglang_env import bootstrap
-from replay.backends.sglang_patches import apply_patches
+from replay.backends.sglang.env import bootstrap
+from replay.backends.sglang.patches import apply_patches
 
 
 #: Why a request left: ``finished`` (stop token or length), ``retract_oom`` (aborted by

@@ -2,7 +2,7 @@
 
 Every field is either a constructor argument / ``ServerArgs`` field of the real classes, an
 ``SGLANG_*`` environment switch of sglang 0.5.23 (set only while the backend runs), or a policy
-knob of DESIGN.md §5 that 0.5.23 has no switch for and that ``replay.backends.sglang_patches``
+knob of DESIGN.md §5 that 0.5.23 has no switch for and that ``replay.backends.sglang.patches``
 adds as a small patch over the real class (``swa_lru_refresh``, ``host_free``,
 ``swa_release_boundary``).
 """

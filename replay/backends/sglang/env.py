@@ -18,7 +18,7 @@ One call, :func:`bootstrap`, does everything (idempotent, thread-safe):
 
 Usage::
 
-    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang.env import bootstrap
     info = bootstrap()          # then `import sglang.srt...` works on CPU
 
 This module imports only the standard library at import time (torch and sglang are imported

@@ -8,12 +8,12 @@ import click
 
 # (module, attribute) of each click command/group added to ``kvtrace``. Each owner adds its line.
 _SUBCOMMANDS: list[tuple[str, str]] = [
-    ("replay.commands.inspect", "inspect"),
-    ("replay.commands.recover", "recover_cmd"),
-    ("replay.workloads.cli", "workload"),
-    ("replay.record", "record"),
-    ("replay.launch", "launch"),
-    ("replay.launch", "hooks"),
+    ("replay.cli.inspect", "inspect"),
+    ("replay.cli.recover", "recover_cmd"),
+    ("replay.cli.workload", "workload"),
+    ("replay.cli.record", "record"),
+    ("replay.cli.launch", "launch"),
+    ("replay.cli.launch", "hooks"),
 ]
 
 

@@ -1,0 +1,40 @@
+"""``kvtrace record``: thin wrapper over :func:`replay.record.record_workload`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from replay.record import BACKENDS, record_workload
+
+
+@click.command("record")
+@click.option("--workload", "workload", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Workload trace directory (request family only).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="sglang", show_default=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Trace directory to write.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Backend setting (repeatable), e.g. --set page_size=64 --set host_pool_tokens=262144.")
+@click.option("--detail", type=click.Choice(["counts", "pages"]), default="counts", show_default=True,
+              help="pages: pool rows also carry page ids.")
+@click.option("--check-every", "check_every", type=int, default=0, show_default=True,
+              help="Check the occupancy identity every N steps (0 = never).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (backend.json).")
+def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], detail: str,
+           check_every: int, as_json: bool) -> None:
+    """Run WORKLOAD through the real-code BACKEND with the tracer hooks on; write the trace to OUT."""
+    try:
+        summary = record_workload(workload, out, backend=backend, overrides=overrides, detail=detail,
+                                  progress=not as_json, check_integrity_every=check_every)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(summary, default=str))
+        return
+    r = summary["result"]
+    click.echo(f"recorded {out}: {r['num_finished']} finished, {r['num_aborted']} aborted, "
+               f"{r['num_retractions']} retractions, {r['num_steps']} steps "
+               f"({r['num_prefill_steps']} prefill, {r['num_decode_steps']} decode)")
+    if summary["hook_failures"]:
+        click.echo(f"hook failures: {summary['hook_failures']}", err=True)

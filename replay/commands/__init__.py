@@ -1,1 +1,0 @@
-"""Small click commands of the ``kvtrace`` CLI that read traces (inspect, recover)."""
