@@ -18,13 +18,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replay.errors import KvtraceError
 from tracer.schema import FAMILIES, MANIFEST_FILE, SCHEMA_MAJOR, SCHEMA_VERSION, parse_major
 
 _PART_RE = re.compile(r"^part-(\d+)\.(parquet|arrows)$")
 _RANK_RE = re.compile(r"^rank=(-?\d+)$")
 
 
-class TraceError(Exception):
+class TraceError(KvtraceError):
     """A trace that cannot be read as asked; the message names the file and the expectation."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from replay.errors import KvtraceError
 
-class WorkloadError(ValueError):
+
+class WorkloadError(KvtraceError, ValueError):
     """A workload could not be generated, read, imported or exported."""
 
 

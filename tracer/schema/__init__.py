@@ -347,6 +347,11 @@ SERVER_KEYS = (
 )
 
 
+class SchemaError(ValueError):
+    """The on-disk contract is broken (manifest, rank file, column types, family names); the
+    message names the file and what was expected. The offline CLI prints it as one line."""
+
+
 def parse_major(version: str) -> int:
     """Major number of a schema version string; ValueError when malformed."""
     head = str(version).split(".")[0]
