@@ -104,13 +104,17 @@ def test_too_long_and_retract_paths(tmp_path):
 
 
 def test_settings_parse_and_validate():
-    s = parse_overrides(["page_size=64", "host_pool_tokens=1_024", "need_sort=true", "tree_core=python",
+    s = parse_overrides(["page_size=64", "host_pool_tokens=1_024", "device_free=sorted_merge",
                          "swa_lru_refresh=full_ancestry"])
-    assert (s.page_size, s.host_pool_tokens, s.need_sort) == (64, 1024, True)
-    with pytest.raises(ValueError, match="valid settings: page_size, "):
+    assert (s.page_size, s.host_pool_tokens, s.need_sort, s.resolved_tree_core) == (64, 1024, True, "python")
+    with pytest.raises(ValueError, match="valid knobs: swa_lru_refresh, "):
         parse_overrides(["pagesize=3"])
     with pytest.raises(ValueError, match="expected one of lru"):
         parse_overrides(["eviction_policy=random"])
     with pytest.raises(ValueError, match="tree_core=python"):
-        parse_overrides(["swa_lru_refresh=full_ancestry"])
+        parse_overrides(["swa_lru_refresh=full_ancestry", "tree_core=rust"])
+    with pytest.raises(ValueError, match="cannot be expressed by the sglang backend; use --backend reference"):
+        parse_overrides(["prefix_ownership=eic_release_protected_prefix"])
+    with pytest.raises(ValueError, match="expected a finite number"):
+        parse_overrides(["swa_full_tokens_ratio=nan"])
     assert SglangSettings(full_pool_tokens=4096, swa_full_tokens_ratio=0.1).swa_tokens == 400

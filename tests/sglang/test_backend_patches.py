@@ -31,6 +31,7 @@ BASE = SglangSettings(page_size=16, sliding_window_tokens=32, full_pool_tokens=4
 def test_patch_table_lists_every_policy_setting():
     assert {(p.setting, p.value) for p in PATCHES} == {
         ("swa_lru_refresh", "full_ancestry"), ("host_free", "eager_cat"),
+        ("swa_admission", "all_or_nothing"), ("swa_admission", "shrink_always"),
         ("swa_release_boundary", "window_plus_page_cut_to_window")}
 
 
@@ -154,5 +155,6 @@ def _swa_type():
 
 
 def test_full_ancestry_needs_python_core():
+    assert dataclasses.replace(BASE, swa_lru_refresh="full_ancestry").resolved_tree_core == "python"
     with pytest.raises(ValueError, match="tree_core=python"):
-        dataclasses.replace(BASE, swa_lru_refresh="full_ancestry")
+        dataclasses.replace(BASE, swa_lru_refresh="full_ancestry", tree_core="rust")

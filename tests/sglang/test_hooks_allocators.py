@@ -91,7 +91,7 @@ def test_token_allocator_free_swa_and_alloc_failure(tmp_path):
 
 def test_sorted_free_list_merge_is_a_marker_with_cost(tmp_path):
     sizes = dict(SWA16, swa_pool_tokens=1024)
-    with recording(tmp_path / "t") as path, runtime(**sizes, need_sort=True) as rt:
+    with recording(tmp_path / "t") as path, runtime(**sizes, device_free="sorted_merge") as rt:
         a = rt.allocator
         out = extend(a, [0], [1008], [-1])  # 63 of 64 pages
         a.free_segment(out, start_pos=0)  # staged, not merged: still available

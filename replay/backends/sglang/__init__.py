@@ -12,11 +12,11 @@ identity check). The bootstrap is ``replay.backends.sglang.env``; the listed pat
 
 from replay.backends.sglang.loop import LoopObserver, RunResult, SglangBackend, StepRecord, run_backend
 from replay.backends.sglang.occupancy import PoolOccupancy
-from replay.backends.sglang.settings import CHOICES, SglangSettings, parse_overrides, setting_names
+from replay.backends.sglang.settings import CHOICES, SglangSettings, from_knobs, parse_overrides, setting_names
 from replay.backends.sglang.workload import Workload, WorkloadRequest, load_workload, write_workload
 
 __all__ = [
     "CHOICES", "LoopObserver", "PoolOccupancy", "RunResult", "SglangBackend", "SglangSettings",
-    "StepRecord", "Workload", "WorkloadRequest", "load_workload", "parse_overrides", "run_backend",
+    "StepRecord", "Workload", "from_knobs", "WorkloadRequest", "load_workload", "parse_overrides", "run_backend",
     "setting_names", "write_workload",
 ]

@@ -155,12 +155,12 @@ def build_runtime(settings: SglangSettings, *, max_context_tokens: int) -> Runti
         disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=allocator, page_size=ps,
         eviction_policy=s.eviction_policy, chunked_prefill_size=s.chunked_prefill_size,
         sliding_window_size=s.sliding_window_tokens if s.has_swa else None,
-        tree_components=components, tree_core_backend=s.tree_core,
+        tree_components=components, tree_core_backend=s.resolved_tree_core,
     )
     tree = UnifiedRadixCache(params=params)
-    if tree._tree_core_backend != s.tree_core:
+    if tree._tree_core_backend != s.resolved_tree_core:
         raise RuntimeError(f"sglang fell back to the {tree._tree_core_backend} tree core; "
-                           f"tree_core={s.tree_core} is not available here")
+                           f"tree_core={s.resolved_tree_core} is not available here")
     if s.has_hicache:
         tree.init_hicache(server_args, params)
     model_config = types.SimpleNamespace(**_MODEL_CONFIG_FIELDS)

@@ -9,6 +9,7 @@ exit, innermost first.
 |---|---|---|---|
 | ``swa_lru_refresh`` | ``full_ancestry`` | the SWA component instance's ``refresh_lru`` becomes the base ``TreeComponent.refresh_lru`` (every walked node and the whole path to the root move to MRU). Python tree core only: the Rust core refreshes inside Rust | before sgl-project/sglang#26615 |
 | ``host_free`` | ``eager_cat`` | each host pool instance's ``free`` runs the real ``free`` and then the real ``_merge_release_slots`` (one ``torch.cat`` of the whole free list per free) | before #30658 |
+| ``swa_admission`` | ``all_or_nothing`` / ``shrink_always`` | ``SWAPrefillBudget.swa_never_fits`` (the gate of 0.5.23's chunk shrink) answers ``False`` (never shrink: an extend whose SWA need does not fit waits) or ``True`` (shrink whenever it does not fit); ``shrink_never_fits`` is 0.5.23's own gate and patches nothing | before sgl-project/sglang#31681 / before its #32700 gate |
 | ``swa_release_boundary`` | ``window_plus_page_cut_to_window`` | ``free_swa_out_of_window_slots`` (in ``mem_cache.common`` and its import in ``components.swa``) is called with ``supports_prefix_sharing=False``, so a radix cache frees up to ``pre_len - W`` instead of ``pre_len - ceil_page(max(W, ps))`` | the W + ps margin cut to W, before #29860 |
 
 Instance patches resolve the class method at call time (``type(obj).free``), so tracer hooks
@@ -41,6 +42,12 @@ PATCHES: tuple[PatchInfo, ...] = (
     PatchInfo("host_free", "eager_cat",
               "host pool instance .free -> free + _merge_release_slots",
               "eager host free-list concatenation (pre #30658)"),
+    PatchInfo("swa_admission", "all_or_nothing",
+              "SWAPrefillBudget.swa_never_fits -> False (never shrink a chunk under SWA pressure)",
+              "all-or-nothing SWA admission (pre sgl-project/sglang#31681)"),
+    PatchInfo("swa_admission", "shrink_always",
+              "SWAPrefillBudget.swa_never_fits -> True (shrink whenever the SWA need does not fit)",
+              "ungated chunk shrink (#31681 before the #32700 gate)"),
     PatchInfo("swa_release_boundary", "window_plus_page_cut_to_window",
               "mem_cache.common / components.swa free_swa_out_of_window_slots(supports_prefix_sharing=False)",
               "out-of-window release boundary pre_len - W (pre #29860)"),
@@ -109,6 +116,24 @@ def _prefix_release_boundary() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _swa_admission(value: str) -> Iterator[None]:
+    from sglang.srt.mem_cache.prefill_budget import SWAPrefillBudget
+
+    answer = value == "shrink_always"
+
+    def swa_never_fits(self, extend_input_len, max_new_tokens, **kwargs):
+        return answer
+
+    swa_never_fits.__kvtrace_patch__ = "swa_admission"
+    original = SWAPrefillBudget.__dict__["swa_never_fits"]
+    SWAPrefillBudget.swa_never_fits = swa_never_fits
+    try:
+        yield
+    finally:
+        SWAPrefillBudget.swa_never_fits = original
+
+
+@contextlib.contextmanager
 def apply_patches(settings, rt) -> Iterator[list[PatchInfo]]:
     """Apply the patches ``settings`` asks for to the run's real objects.
 
@@ -129,7 +154,10 @@ def apply_patches(settings, rt) -> Iterator[list[PatchInfo]]:
         if settings.host_free == "eager_cat" and rt.host_pools:
             stack.enter_context(_eager_host_free(rt.host_pools))
             applied.append(PATCHES[1])
+        if settings.swa_admission != "shrink_never_fits" and settings.has_swa:
+            stack.enter_context(_swa_admission(settings.swa_admission))
+            applied.append(next(p for p in PATCHES if p.value == settings.swa_admission))
         if settings.swa_release_boundary == "window_plus_page_cut_to_window" and settings.has_swa:
             stack.enter_context(_prefix_release_boundary())
-            applied.append(PATCHES[2])
+            applied.append(PATCHES[-1])
         yield applied

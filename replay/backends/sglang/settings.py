@@ -1,10 +1,12 @@
 """Settings of the real-code sglang backend: one frozen dataclass, saved with every result.
 
-Every field is either a constructor argument / ``ServerArgs`` field of the real classes, an
-``SGLANG_*`` environment switch of sglang 0.5.23 (set only while the backend runs), or a policy
-knob of DESIGN.md §5 that 0.5.23 has no switch for and that ``replay.backends.sglang.patches``
-adds as a small patch over the real class (``swa_lru_refresh``, ``host_free``,
-``swa_release_boundary``).
+Field names, allowed values and defaults come from the one knob table, :mod:`replay.knobs`
+(DESIGN.md §5). Each knob maps to a constructor argument / ``ServerArgs`` field of the real
+classes, an ``SGLANG_*`` environment switch of sglang 0.5.23 (set only while the backend runs),
+or a small listed patch over the real class (``replay.backends.sglang.patches``) where 0.5.23
+has no switch (``swa_lru_refresh``, ``swa_admission``, ``host_free``, ``swa_release_boundary``).
+``prefix_ownership=eic_release_protected_prefix`` and eviction plug-ins are refused: only the
+reference backend expresses them.
 """
 
 from __future__ import annotations
@@ -13,48 +15,44 @@ import dataclasses
 import typing
 from dataclasses import dataclass, fields
 
-#: Allowed values of the enumerated settings (the first is the 0.5.23 behaviour).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "tree_core": ("rust", "python"),
-    "hicache_write_policy": ("write_through", "write_through_selective", "write_back"),
-    "eviction_policy": ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru", "tlru"),
-    "schedule_policy": ("fcfs", "lof", "random", "lpm", "dfs-weight"),
-    "swa_lru_refresh": ("window_aware", "full_ancestry"),
-    "host_free": ("lazy_merge", "eager_cat"),
-    "swa_release_boundary": ("max_window_page", "window_plus_page_cut_to_window"),
-}
+from replay import knobs
+
+#: Allowed values of the enumerated settings (from the knob table).
+CHOICES: dict[str, tuple[str, ...]] = {k.name: k.values for k in knobs.KNOBS if k.values}
+
+#: ``swa_out_of_window_release=off`` turns the decode cadence off with an interval no request reaches.
+_NEVER_TOKENS = 1 << 40
 
 
 @dataclass(frozen=True)
 class SglangSettings:
     """Configuration of one real-code backend run.
 
-    Attributes:
-        page_size: tokens per KV page (allocator and tree).
-        sliding_window_tokens: SWA window W; 0 builds a FULL-only tree (no SWA pool).
-        full_pool_tokens: slots of the full device pool.
-        swa_pool_tokens: slots of the SWA device pool; 0 = ``full_pool_tokens * swa_full_tokens_ratio``.
-        swa_full_tokens_ratio: SWA/full pool size ratio used when ``swa_pool_tokens`` is 0.
-        chunked_prefill_size: tokens per prefill chunk (``--chunked-prefill-size``).
-        max_prefill_tokens: prefill token budget per step (``--max-prefill-tokens``).
-        max_running_requests: running batch cap (``--max-running-requests``).
-        max_context_tokens: request row width; 0 = derived from the workload.
-        host_pool_tokens: HiCache full host pool slots; 0 disables HiCache. The SWA host pool
-            gets the same host/device ratio.
-        hicache_write_policy: ``--hicache-write-policy``.
-        eviction_policy: ``--radix-eviction-policy``.
-        schedule_policy: ``--schedule-policy``.
-        tree_core: UnifiedRadixCache tree core (``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND``).
-        swa_eviction_interval_tokens: ``SGLANG_SWA_EVICTION_INTERVAL``.
-        swa_free_out_of_window_at_insert: ``SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS``.
-        need_sort: device allocator ``need_sort`` (sorted free-list merge).
-        swa_lru_refresh: patch knob (#26615); ``full_ancestry`` needs ``tree_core=python``.
-        host_free: patch knob (#30658); ``eager_cat`` merges the host free list on every free.
-        swa_release_boundary: patch knob (#29860); the pre-fix boundary keeps only W.
-        step_fixed_ns: virtual-clock cost of one forward step.
-        step_per_token_ns: virtual-clock cost per token run in a step.
+    Every field is a knob of :mod:`replay.knobs` (``kvtrace policies`` lists them with help and
+    the upstream change each stands for). How each reaches the real code:
+
+    - ``swa_lru_refresh=full_ancestry``: patch (pre-#26615), Python tree core (``tree_core=auto``
+      picks it);
+    - ``swa_admission``: patch of ``SWAPrefillBudget.swa_never_fits`` (``all_or_nothing``: never
+      shrink; ``shrink_always``: shrink whenever the SWA need does not fit;
+      ``shrink_never_fits``: 0.5.23's own gate, #32700);
+    - ``host_free=eager_cat``: patch (pre-#30658); ``device_free``: the allocators' ``need_sort``;
+    - ``swa_out_of_window_release``: ``SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS``
+      (at unfinished inserts) and ``SGLANG_SWA_EVICTION_INTERVAL`` (decode cadence; ``off`` sets
+      an interval no request reaches);
+    - ``swa_release_boundary=window_plus_page_cut_to_window``: patch (pre-#29860);
+    - sizes: constructor arguments of the real pools, allocators and ``PrefillAdder``;
+    - ``step_fixed_ns`` / ``step_per_token_ns``: the virtual clock's step-cost model.
     """
 
+    swa_lru_refresh: str = "window_aware"
+    swa_admission: str = "shrink_never_fits"
+    host_free: str = "lazy_merge"
+    swa_out_of_window_release: str = "decode_and_unfinished_insert"
+    swa_release_boundary: str = "max_window_page"
+    prefix_ownership: str = "radix_protected_floor"
+    eviction_policy: str = "lru"
+    device_free: str = "prepend"
     page_size: int = 16
     sliding_window_tokens: int = 128
     full_pool_tokens: int = 262144
@@ -63,46 +61,49 @@ class SglangSettings:
     chunked_prefill_size: int = 8192
     max_prefill_tokens: int = 16384
     max_running_requests: int = 64
-    max_context_tokens: int = 0
     host_pool_tokens: int = 0
     hicache_write_policy: str = "write_through"
-    eviction_policy: str = "lru"
     schedule_policy: str = "fcfs"
-    tree_core: str = "rust"
     swa_eviction_interval_tokens: int = 128
-    swa_free_out_of_window_at_insert: bool = True
-    need_sort: bool = False
-    swa_lru_refresh: str = "window_aware"
-    host_free: str = "lazy_merge"
-    swa_release_boundary: str = "max_window_page"
+    tree_core: str = "auto"
+    max_context_tokens: int = 0
     step_fixed_ns: int = 5_000_000
     step_per_token_ns: int = 20_000
 
     def __post_init__(self) -> None:
-        for name, allowed in CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
-        positive = ("page_size", "full_pool_tokens", "chunked_prefill_size", "max_prefill_tokens",
-                    "max_running_requests", "swa_eviction_interval_tokens")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("sliding_window_tokens", "swa_pool_tokens", "max_context_tokens",
-                     "host_pool_tokens", "step_fixed_ns", "step_per_token_ns"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for f in fields(self):
+            k = knobs.knob(f.name)
+            try:
+                k.parse(getattr(self, f.name))
+            except knobs.KnobError as e:
+                raise ValueError(str(e)) from None
+        knobs.check_backend({f.name: getattr(self, f.name) for f in fields(self)}, "sglang")
         if self.full_pool_tokens % self.page_size:
             raise ValueError(f"full_pool_tokens={self.full_pool_tokens} is not a multiple of "
                              f"page_size={self.page_size}")
         if self.has_swa and self.swa_tokens < 2 * self.page_size:
             raise ValueError(f"SWA pool of {self.swa_tokens} tokens is too small for page_size "
                              f"{self.page_size}")
-        if self.swa_lru_refresh == "full_ancestry" and self.tree_core != "python":
+        if self.has_swa and self.sliding_window_tokens >= self.swa_tokens:
+            raise ValueError(f"sliding_window_tokens={self.sliding_window_tokens} does not fit the SWA pool "
+                             f"of {self.swa_tokens} tokens; expected a window below the pool size")
+        if self.swa_lru_refresh == "full_ancestry" and self.resolved_tree_core != "python":
             raise ValueError("swa_lru_refresh=full_ancestry patches the Python tree core; "
-                             "also set tree_core=python")
+                             "set tree_core=python (or auto)")
         if self.host_pool_tokens and self.host_pool_tokens < self.page_size:
             raise ValueError(f"host_pool_tokens={self.host_pool_tokens} is below one page")
+
+    @property
+    def resolved_tree_core(self) -> str:
+        """The tree core the run builds: ``auto`` is rust, python for full-ancestry refresh."""
+        if self.tree_core != "auto":
+            return self.tree_core
+        return "python" if self.swa_lru_refresh == "full_ancestry" else "rust"
+
+    @property
+    def need_sort(self) -> bool:
+        """The device allocators' ``need_sort`` (``device_free=sorted_merge``)."""
+        return self.device_free == "sorted_merge"
 
     @property
     def has_swa(self) -> bool:
@@ -122,10 +123,13 @@ class SglangSettings:
 
     def env(self) -> dict[str, str]:
         """``SGLANG_*`` environment switches this run sets while it runs."""
+        release = self.swa_out_of_window_release
+        interval = _NEVER_TOKENS if release == "off" else self.swa_eviction_interval_tokens
         return {
-            "SGLANG_SWA_EVICTION_INTERVAL": str(self.swa_eviction_interval_tokens),
-            "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS": str(self.swa_free_out_of_window_at_insert).lower(),
-            "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": self.tree_core,
+            "SGLANG_SWA_EVICTION_INTERVAL": str(interval),
+            "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS":
+                str(release == "decode_and_unfinished_insert").lower(),
+            "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": self.resolved_tree_core,
         }
 
     def server(self, *, sglang_version: str = "") -> dict:
@@ -140,8 +144,10 @@ class SglangSettings:
             "cache_kind": "unified_radix",
             "host_pool_tokens": self.host_pool_tokens,
             "hicache_write_policy": self.hicache_write_policy if self.has_hicache else "",
+            "max_prefill_tokens": self.max_prefill_tokens,
             "max_running_requests": self.max_running_requests,
             "eviction_policy": self.eviction_policy,
+            "schedule_policy": self.schedule_policy,
             "model": "kvtrace-sglang-backend",
             "sglang_version": sglang_version,
         }
@@ -154,46 +160,23 @@ def setting_names() -> list[str]:
     return [f.name for f in fields(SglangSettings)]
 
 
-def _coerce(name: str, raw: str, typ) -> object:
-    if typ is bool:
-        low = raw.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{name}={raw!r}: expected true/false")
-    try:
-        if typ is int:
-            return int(raw.replace("_", ""))
-        if typ is float:
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected {typ.__name__}") from None
-    return raw
-
-
 def parse_overrides(items: typing.Iterable[str], base: SglangSettings | None = None) -> SglangSettings:
-    """Build settings from ``key=value`` strings (``--set`` on the command line).
+    """Build settings from ``key=value`` strings (``--set``), by the knob table's names.
 
-    Args:
-        items: ``key=value`` strings.
-        base: settings to override (default: the defaults).
-    Returns:
-        the new settings.
     Raises:
         ValueError: malformed item, unknown key (message lists the valid keys) or bad value.
     """
-    hints = typing.get_type_hints(SglangSettings)
-    changes: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep:
-            raise ValueError(f"--set {item!r}: expected key=value")
-        if key not in hints:
-            raise ValueError(f"unknown setting {key!r}; valid settings: {', '.join(setting_names())}")
-        changes[key] = _coerce(key, raw.strip(), hints[key])
-    return dataclasses.replace(base or SglangSettings(), **changes)
+    return dataclasses.replace(base or SglangSettings(), **knobs.parse_sets(items))
 
 
-__all__ = ["CHOICES", "SglangSettings", "parse_overrides", "setting_names"]
+def from_knobs(values: dict[str, object]) -> SglangSettings:
+    """Settings from resolved knob values (:func:`replay.knobs.resolve`)."""
+    names = {f.name for f in fields(SglangSettings)}
+    return SglangSettings(**{k: v for k, v in values.items() if k in names})
+
+
+def setting_names() -> list[str]:
+    return [f.name for f in fields(SglangSettings)]
+
+
+__all__ = ["CHOICES", "SglangSettings", "from_knobs", "parse_overrides", "setting_names"]
