@@ -218,8 +218,11 @@ def open_trace(path: str | os.PathLike, *, strict: bool = True) -> Trace:
         raise TraceError(f"{mpath}: missing; expected a kvtrace trace directory with {MANIFEST_FILE}")
     try:
         manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{mpath}: not valid JSON ({e}); expected the trace manifest") from None
+    if not isinstance(manifest, dict):
+        raise TraceError(f"{mpath}: holds a JSON {type(manifest).__name__}; expected the trace "
+                         "manifest object")
     _check_version(manifest.get("schema_version"), str(mpath))
     segments, problems = _scan(root)
     if strict and problems:

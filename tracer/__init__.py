@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 
 from tracer.emitgen import EMIT_NAMES, make_noops
@@ -103,16 +104,40 @@ def start(out_dir: str | os.PathLike, *, rank: int | None = None, source: str = 
                        on_disable=lambda: _bind(None))
         _active = rec
         _bind(rec.emits)
+        if sys.excepthook is not _note_exit_exception:
+            _prev_excepthook[0] = sys.excepthook
+            sys.excepthook = _note_exit_exception
     return rec
 
 
-def stop() -> None:
-    """Stop recording: flush, close and convert segments. Safe to call when not recording."""
+def stop(end_state: str = "complete") -> None:
+    """Stop recording: flush, close and convert segments, and record how the recording ended
+    (``end_state``: "complete", "interrupted" or "crashed") in the rank file. Safe to call when
+    not recording."""
     global _active
     with _lock:
         rec, _active = _active, None
     if rec is not None and rec.pid == os.getpid():
-        rec.stop()
+        rec.stop(end_state)
+
+
+# The interpreter is exiting with an uncaught exception: the rank ends "interrupted"
+# (KeyboardInterrupt) or "crashed" (anything else) rather than "complete".
+_exit_exception: list = [None]
+_prev_excepthook: list = [sys.excepthook]
+
+
+def _note_exit_exception(exc_type, exc, tb) -> None:
+    _exit_exception[0] = exc_type
+    _prev_excepthook[0](exc_type, exc, tb)
+
+
+def _stop_at_exit() -> None:
+    exc = _exit_exception[0]
+    if exc is None:
+        stop("complete")
+    else:
+        stop("interrupted" if issubclass(exc, KeyboardInterrupt) else "crashed")
 
 
 def flush() -> None:
@@ -147,4 +172,4 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(stop)
+atexit.register(_stop_at_exit)

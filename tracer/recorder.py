@@ -103,6 +103,9 @@ class Recorder:
         self.info = {"pid": self.pid, "ppid": os.getppid(), "host": socket.gethostname(),
                      "started_unix_ns": time.time_ns(), "options": asdict(self.opts), "state": "recording"}
         self.rank = _manifest.claim_rank(self.dir, rank, self.info)
+        # Held while recording: ``kvtrace recover`` refuses a rank whose lock is taken.
+        self._lock_fd = _manifest.hold_rank_lock(self.dir, self.rank)
+        self.end_state = "complete"  # written to the rank file when the flusher finishes
         self.seq = itertools.count(1)
         self.now = [0 if self.opts.clock == "manual" else time.monotonic_ns() - self.anchor_ns]
         # pool/cache rows leave ts out of the record unless clock="event": the flusher fills it
@@ -425,7 +428,8 @@ class Recorder:
             _segments.write_family_table(self.dir, "drops", table, rank=self.rank)
         except Exception:
             pass
-        self._write_info("failed")
+        self._write_info("crashed", lost=lost)
+        self._release_lock()
 
     def _final(self) -> None:
         if self.failed:
@@ -437,15 +441,26 @@ class Recorder:
                 except Exception as e:
                     self._fail(e)
                     return
-            self._write_info("stopped")
+            self._write_info(self.end_state)
+        self._release_lock()
 
-    def _write_info(self, state: str) -> None:
+    def _write_info(self, state: str, lost: int = 0) -> None:
+        """Write the rank file's end state (one of ``tracer.schema.manifest.END_STATES``)."""
         info = dict(self.info, state=state, stopped_unix_ns=time.time_ns(),
-                    events=dict(self.events_written), dropped=self.drops.total, error=self.failed)
+                    events=dict(self.events_written), dropped=self.drops.total, lost=lost,
+                    issued=peek_count(self.seq) - 1, error=self.failed)
         try:
             _manifest.update_rank_info(self.dir, self.rank, info)
-        except Exception:
-            pass
+        except Exception as e:  # the segments stay readable; recover can still mark the rank
+            log.error("kvtrace: could not write the end state of rank %d to %s: %s", self.rank, self.dir, e)
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def check_integrity(self) -> None:
         """Accounting holds: every issued seq is written, dropped or still buffered (exactly, when
@@ -462,10 +477,14 @@ class Recorder:
         if self.failed:
             assert not self.segments, "a failed recorder keeps no open segment"
 
-    def stop(self) -> None:
-        """Flush everything, close and convert the open segments. Idempotent; never raises."""
+    def stop(self, end_state: str = "complete") -> None:
+        """Flush everything, close and convert the open segments, and write ``end_state``
+        ("complete", "interrupted" or "crashed") to the rank file. Idempotent; never raises."""
         if self.stopped:
             return
+        if end_state not in _manifest.END_STATES:
+            end_state = "crashed"
+        self.end_state = end_state
         self.stopped = True
         self._on_disable()
         self._stop_req = True
@@ -479,6 +498,12 @@ class Recorder:
         """In a forked child: forget the parent's buffers and files without writing anything."""
         self.stopped = True
         self.failed = "forked"
+        fd, self._lock_fd = self._lock_fd, None  # the parent's lock stays held by the parent
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         for seg in self.segments.values():
             seg.abandon()
         self.segments.clear()

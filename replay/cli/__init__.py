@@ -52,7 +52,9 @@ def _describe(e: BaseException) -> tuple[int, str]:
         return Interrupted("SIGINT").exit_code, "interrupted by SIGINT"
     if isinstance(e, SchemaError):
         return EXIT_REFUSED, str(e)
-    if isinstance(e, OSError) and e.strerror:  # disk full, permission, not a directory, ...
+    if isinstance(e, OSError):  # disk full, permission, not a directory, missing file, ...
+        if not e.strerror:
+            return EXIT_REFUSED, str(e)
         where = f"{e.filename}: " if e.filename else ""
         return EXIT_REFUSED, f"{where}{e.strerror}"
     text = str(e).splitlines()[0] if str(e) else ""

@@ -99,4 +99,4 @@ def test_interpreter_exit_flushes_and_closes(tmp_path):
     assert not list((tmp_path / "t").rglob("*.arrows"))
     tr = open_trace(tmp_path / "t")
     assert tr.rows("pool") == 1234
-    assert '"state": "stopped"' in (tmp_path / "t" / "ranks" / "rank=0.json").read_text()
+    assert '"state": "complete"' in (tmp_path / "t" / "ranks" / "rank=0.json").read_text()

@@ -94,7 +94,7 @@ def test_disk_full_disables_recorder_with_one_log_line_and_caller_finishes(tmp_p
     assert len(errors) == 1, out.stderr
     assert "File too large" in errors[0]
     info = (tmp_path / "t" / "ranks" / "rank=0.json").read_text()
-    assert '"state": "failed"' in info
+    assert '"state": "crashed"' in info
 
 
 def test_concurrent_emits_from_threads_lose_nothing(tmp_path):

@@ -14,8 +14,12 @@ import time
 from pathlib import Path
 
 from tracer.schema import MANIFEST_FILE, PRODUCER, SCHEMA_VERSION
+from tracer.schema.hashing import PAGE_HASH_NAME
 
 RANKS_DIR = "ranks"
+# How a rank's recording ended (``state`` in its rank file; DESIGN §3). "recording" while it runs.
+END_STATES = ("complete", "interrupted", "crashed", "recovered")
+_LEGACY_STATES = {"stopped": "complete", "failed": "crashed"}
 
 
 def _version() -> str:
@@ -36,6 +40,7 @@ def new_manifest(*, source: str = "tracer", **fields) -> dict:
         "created_unix_ns": unix,
         "clock": {"monotonic_ns": mono, "unix_ns": unix},
         "hash_block_tokens": None,
+        "page_hash": PAGE_HASH_NAME,
         "server": {},
         "env": {k: v for k, v in os.environ.items() if k.startswith("SGLANG_")},
         "ranks": [],
@@ -45,10 +50,29 @@ def new_manifest(*, source: str = "tracer", **fields) -> dict:
     return m
 
 
-def _atomic_write_json(path: Path, obj: dict) -> None:
+def _atomic_write_json(path: Path, obj: dict, in_place_fallback: bool = False) -> None:
+    """Write ``obj`` to ``path`` via a temporary file and a rename; never leaves the temporary
+    behind. ``in_place_fallback``: when the temporary cannot be written (disk full), overwrite
+    ``path`` in place (its blocks are already allocated, so a small file usually still fits)."""
+    body = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(body)
+        os.replace(tmp, path)
+        return
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        if not (in_place_fallback and path.is_file()):
+            raise
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view):]
+        os.ftruncate(fd, len(body))
+    finally:
+        os.close(fd)
 
 
 def write_manifest(trace_dir: str | os.PathLike, manifest: dict) -> Path:
@@ -63,11 +87,18 @@ def write_manifest(trace_dir: str | os.PathLike, manifest: dict) -> Path:
 def read_manifest(trace_dir: str | os.PathLike) -> dict:
     p = Path(trace_dir) / MANIFEST_FILE
     try:
-        return json.loads(p.read_text())
+        m = json.loads(p.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{p}: no manifest.json (not a kvtrace trace directory?)") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: manifest is not valid JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        from tracer.schema import SchemaError
+
+        raise SchemaError(f"{p}: manifest is not valid JSON ({e})") from None
+    if not isinstance(m, dict):
+        from tracer.schema import SchemaError
+
+        raise SchemaError(f"{p}: manifest holds a JSON {type(m).__name__}; expected an object")
+    return m
 
 
 def create_or_join(trace_dir: str | os.PathLike, manifest: dict) -> dict:
@@ -131,5 +162,85 @@ def claim_rank(trace_dir: str | os.PathLike, rank: int | None, info: dict) -> in
 
 
 def update_rank_info(trace_dir: str | os.PathLike, rank: int, info: dict) -> None:
+    """Replace a rank file (atomically; in place when the disk is too full for a temporary)."""
     p = Path(trace_dir) / RANKS_DIR / f"rank={rank}.json"
-    _atomic_write_json(p, info)
+    _atomic_write_json(p, info, in_place_fallback=True)
+
+
+def rank_file(trace_dir: str | os.PathLike, rank: int) -> Path:
+    return Path(trace_dir) / RANKS_DIR / f"rank={rank}.json"
+
+
+def read_rank_info(trace_dir: str | os.PathLike, rank: int) -> dict | None:
+    """A rank file's object (None when absent). Raises SchemaError when it is not a JSON object."""
+    from tracer.schema import SchemaError
+
+    p = rank_file(trace_dir, rank)
+    try:
+        info = json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SchemaError(f"{p}: not valid JSON ({e}); expected the rank's JSON object") from None
+    if not isinstance(info, dict):
+        raise SchemaError(f"{p}: holds a JSON {type(info).__name__}; expected an object")
+    return info
+
+
+def hold_rank_lock(trace_dir: str | os.PathLike, rank: int) -> int | None:
+    """Take the rank's liveness lock (``ranks/rank=<r>.lock``, an exclusive ``flock``) for as long
+    as the returned descriptor stays open; the kernel releases it when the process dies, however
+    it dies. Returns None when locking is not possible here (the pid check still applies)."""
+    try:
+        fd = os.open(Path(trace_dir) / RANKS_DIR / f"rank={rank}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def rank_is_live(trace_dir: str | os.PathLike, rank: int, info: dict | None) -> bool:
+    """Whether a process is still recording ``rank``: its lock is held, or (no lock file) the
+    rank file says "recording" and names a live pid on this host."""
+    lock = Path(trace_dir) / RANKS_DIR / f"rank={rank}.lock"
+    if lock.exists():
+        try:
+            fd = os.open(lock, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+    if not info or info.get("state") != "recording":
+        return False
+    import socket
+
+    if info.get("host") not in (None, socket.gethostname()):
+        return True  # another host's process: cannot tell, assume it runs
+    try:
+        os.kill(int(info.get("pid", -1)), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True
+    return True
+
+
+def end_state(info: dict | None, live: bool) -> str:
+    """How a rank ended: one of END_STATES, "recording" (live), or "unknown" (no rank file).
+    A rank file still saying "recording" whose process is gone ended as "crashed"."""
+    if info is None:
+        return "unknown"
+    state = _LEGACY_STATES.get(info.get("state"), info.get("state"))
+    if state == "recording":
+        return "recording" if live else "crashed"
+    return state if state in END_STATES else "unknown"
