@@ -46,7 +46,8 @@ class _TraceObserver:
 
 def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sglang",
                     overrides: tuple[str, ...] = (), detail: str = "counts", progress: bool = False,
-                    flush_interval_ms: int = 1000, check_integrity_every: int = 0) -> dict:
+                    flush_interval_ms: int = 1000, check_integrity_every: int = 0,
+                    incident: str = "", incident_every: int = 7) -> dict:
     """Record ``workload`` through ``backend`` into the trace directory ``out``.
 
     Args:
@@ -58,6 +59,8 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         progress: show a tqdm bar over completed requests.
         flush_interval_ms: recorder flush interval.
         check_integrity_every: check the occupancy identity every N steps (0 = never).
+        incident: plant a bug reproduction of ``replay.backends.sglang.incidents`` ("" = none).
+        incident_every: the planted bug fires on every N-th eligible call.
     Returns:
         the ``backend.json`` object: settings, patches, run summary, hook failures, trace path.
     Raises:
@@ -100,9 +103,12 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
                      hash_block_tokens=wl.hash_block_tokens, env=env, detail=detail,
                      flush_interval_ms=flush_interval_ms, clock="manual")
+        from replay.backends.sglang.incidents import apply_incident
+
         try:
             with SglangBackend(wl, settings, observer=_TraceObserver(), debug_memory_pool=False,
-                               check_integrity_every=check_integrity_every) as be:
+                               check_integrity_every=check_integrity_every) as be, \
+                    apply_incident(incident, incident_every) as planted:
                 result = be.run(on_progress=bar.update if bar is not None else None)
         finally:
             tracer.stop()
@@ -118,5 +124,7 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
                "sglang_version": info.sglang_version, "settings": settings.to_dict(),
                "patches": applied, "host_copy_noops": list(info.noops), "stubbed": list(info.stubbed),
                "hook_failures": failures, "result": result.__dict__}
+    if incident:
+        summary["incident"] = {"name": incident, "every": incident_every, **planted}
     (out / "backend.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
