@@ -1,0 +1,187 @@
+"""``capacity_curve``: device prefix-hit ratio as a function of full-pool capacity, in ONE pass.
+
+Model. Requests touch their prompt pages (page hashes at the page size) when they are matched
+(arrival order) and insert their prompt + output pages when they finish. Output pages have no
+hashes of their own; they are the pages of the next turn of the same session that extend the
+prompt (when that turn starts with the whole prompt). Under LRU, a page is cached in a pool of
+C pages exactly when fewer than C distinct pages were touched more recently (its *stack
+distance*), and LRU's inclusion property makes one pass give the answer for every C. A radix
+tree evicts leaves first, so a page counts as a hit only if all its ancestors do: per request the
+hit pages are the leading pages whose running maximum of stack distance is < C. SGLang matches
+at most ``input_len - 1`` tokens, page-aligned.
+
+What the model leaves out (see docs/analysis.md for the measured agreement): the pool also
+holds the private KV of running requests (so the cache gets less than C), locked pages cannot be
+evicted, and the match happens at admission rather than arrival.
+
+SWA occupancy has no such curve: whether an SWA page survives depends on tombstoning, window
+locks and admission decisions that change with the pool size, not on an access order that is
+fixed in advance; kvtrace sweeps replays over ``swa_pool_tokens`` instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.analysis._base import as_trace, page_size_of
+
+_NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class CapacityCurve:
+    """Hit ratio at ``capacity_tokens`` (arrays); ``at()``/``capacity_for()`` are exact."""
+
+    capacity_tokens: np.ndarray
+    hit_ratio: np.ndarray
+    page_size: int
+    requests: int
+    prompt_tokens: int
+    distinct_pages: int
+    pool: str = "full"
+    policy: str = "lru"
+    stack_pages: np.ndarray = field(default=None, repr=False)  # sorted per-page running max
+
+    def at(self, capacity_tokens: int) -> float:
+        """Predicted device prefix-hit ratio with a pool of ``capacity_tokens``."""
+        pages = int(capacity_tokens) // self.page_size
+        hits = int(np.searchsorted(self.stack_pages, pages, side="left"))
+        return hits * self.page_size / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def capacity_for(self, hit_ratio: float) -> int | None:
+        """Smallest capacity (tokens, page-aligned) reaching ``hit_ratio``; None if unreachable."""
+        need = int(np.ceil(hit_ratio * self.prompt_tokens / self.page_size))
+        if need <= 0:
+            return 0
+        finite = self.stack_pages[self.stack_pages < _NEVER]
+        if need > len(finite):
+            return None
+        return (int(finite[need - 1]) + 1) * self.page_size
+
+    def frame(self):
+        """Polars DataFrame ``capacity_tokens, hit_ratio``."""
+        import polars as pl
+
+        return pl.DataFrame({"capacity_tokens": self.capacity_tokens, "hit_ratio": self.hit_ratio})
+
+
+def capacity_curve(trace_or_workload, pool: str = "full", policy: str = "lru",
+                   page_size: int | None = None, capacities_tokens=None) -> CapacityCurve:
+    """One-pass LRU capacity curve of the full device pool.
+
+    Args:
+        trace_or_workload: a trace, run or workload directory (only its ``request`` rows are read).
+        pool: only ``"full"``; ``"swa"`` is refused (no one-pass curve: use a sweep).
+        policy: only ``"lru"`` (stack distances need an eviction order with the inclusion property).
+        page_size: default the trace's server page size (workloads: their hash block).
+        capacities_tokens: grid for the arrays (default: 64 log-spaced sizes up to the footprint).
+    """
+    if pool != "full":
+        raise ValueError(f"pool={pool!r}: a one-pass capacity curve exists only for the full pool; "
+                         "SWA occupancy depends on tombstones, window locks and admission, so sweep "
+                         "replays over swa_pool_tokens instead (see docs/analysis.md)")
+    if policy != "lru":
+        raise ValueError(f"policy={policy!r}: only 'lru' has the inclusion property one-pass "
+                         "stack distances need; replay other policies at each size")
+    t = as_trace(trace_or_workload)
+    ps = page_size_of(t, page_size)
+    hb = int(t.manifest.get("hash_block_tokens") or ps)
+    if ps % hb:
+        raise ValueError(f"page_size={ps} is not a multiple of hash_block_tokens={hb}")
+    reqs = _load(t, ps // hb)
+    events, usable, prompt_tokens = _events(reqs, ps)
+    stack = _stack_pass(events, usable)
+    distinct = int(np.unique(np.concatenate([e[2] for e in events])).size) if events else 0
+    if capacities_tokens is None:
+        top = max(distinct, 1) * ps
+        capacities_tokens = np.unique(np.geomspace(ps, top * 1.05, 64).astype(np.int64) // ps * ps)
+    caps = np.asarray(capacities_tokens, dtype=np.int64)
+    hits = np.searchsorted(stack, caps // ps, side="left") * ps
+    ratio = hits / prompt_tokens if prompt_tokens else np.zeros(len(caps))
+    return CapacityCurve(caps, ratio, ps, len(reqs), prompt_tokens, distinct, pool, policy, stack)
+
+
+def _load(t, k: int) -> list[dict]:
+    import polars as pl
+
+    req = t.lazy("request").with_columns(pl.col("event").cast(pl.String))
+    arr = (req.filter(pl.col("event") == "arrival")
+           .select("rid", "seq", "ts_ns", "session_id", "input_len", "output_len", "page_hashes"))
+    ends = (req.filter(pl.col("event").is_in(("finish", "abort")))
+            .select("rid", pl.col("ts_ns").alias("end_ns"), pl.col("output_len").alias("out_done")))
+    df = arr.join(ends, on="rid", how="left").sort("ts_ns", "seq").collect()
+    out = []
+    for r in df.iter_rows(named=True):
+        blocks = np.asarray(r["page_hashes"] or [], dtype=np.uint64)
+        out_len = r["out_done"] if r["out_done"] is not None and r["out_done"] >= 0 else max(r["output_len"], 0)
+        out.append({"ts": r["ts_ns"], "end": r["end_ns"], "session": r["session_id"],
+                    "input_len": int(r["input_len"]), "output_len": int(out_len),
+                    "pages": blocks[k - 1::k]})
+    return out
+
+
+def _events(reqs: list[dict], ps: int):
+    """(ts, order, pages, request index or -1) events: match at arrival, insert at finish."""
+    next_in_session: dict[int, int] = {}
+    nxt = [None] * len(reqs)
+    for i in range(len(reqs) - 1, -1, -1):
+        s = reqs[i]["session"]
+        if s is not None and s >= 0:
+            nxt[i] = next_in_session.get(s)
+            next_in_session[s] = i
+    events, usable, prompt = [], [], 0
+    for i, r in enumerate(reqs):
+        pages = r["pages"]
+        prompt += r["input_len"]
+        usable.append(min(len(pages), max(r["input_len"] - 1, 0) // ps))
+        ins = pages
+        j = nxt[i]
+        if j is not None:
+            np_ = reqs[j]["pages"]
+            n = len(pages)
+            if len(np_) > n and (n == 0 or np_[n - 1] == pages[-1]):
+                ins = np_[: max(n, min(len(np_), (r["input_len"] + r["output_len"]) // ps))]
+        end = r["end"] if r["end"] is not None else r["ts"]
+        events.append((r["ts"], 2 * i, pages, i))
+        events.append((end, 2 * i + 1, ins, -1))
+    events.sort(key=lambda e: (e[0], e[1]))
+    return events, usable, prompt
+
+
+def _stack_pass(events, usable) -> np.ndarray:
+    """Sorted running-max stack distances (pages) of every usable prompt page of every match."""
+    if not events:
+        return np.zeros(0, np.int64)
+    allp = np.concatenate([e[2] for e in events]).astype(np.uint64)
+    _, dense = np.unique(allp, return_inverse=True)
+    offsets = np.cumsum([0] + [len(e[2]) for e in events])
+    last = np.full(int(dense.max()) + 1 if len(dense) else 1, -1, np.int64)
+    cnt = np.zeros(len(events) + 1, np.int64)
+    out = []
+    for e, (_, _, pages, ridx) in enumerate(events):
+        ids = dense[offsets[e]:offsets[e + 1]]
+        prev = last[ids]
+        if ridx >= 0:
+            u = usable[ridx]
+            if u:
+                p = prev[:u]
+                seen = p >= 0
+                csum = np.cumsum(cnt[:e])
+                d = np.full(u, _NEVER, np.int64)
+                if seen.any():
+                    ps_ = p[seen]
+                    # pages whose last touch is after prev (strictly), plus the ancestors touched
+                    # in the same event (a leaf-first LRU refreshes ancestors last).
+                    newer = (csum[e - 1] if e else 0) - csum[ps_]
+                    d[seen] = newer + np.minimum(np.nonzero(seen)[0], cnt[ps_])
+                out.append(np.maximum.accumulate(d))
+        valid = prev[prev >= 0]
+        if len(valid):
+            cnt[:e] -= np.bincount(valid, minlength=e)[:e]
+        cnt[e] += len(ids)
+        last[ids] = e
+    if not out:
+        return np.zeros(0, np.int64)
+    return np.sort(np.concatenate(out))

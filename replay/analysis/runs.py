@@ -1,0 +1,91 @@
+"""``compare_runs``: one row per run from each run's ``summary.json``.
+
+A run is a trace directory plus ``summary.json`` (written by ``replay.runs``). A sweep directory
+holds runs in a hive layout ``RUNS/policy=<p>/<k>=<v>/``; the ``k=v`` parts of a run's path
+become columns (as strings) next to the summary's metrics and its flattened ``settings``
+(``set.<name>``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SUMMARY_FILE = "summary.json"
+
+
+def find_runs(runs) -> list[Path]:
+    """Run directories from a run, a sweep directory, or an iterable of either."""
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    out: list[Path] = []
+    for r in runs:
+        p = Path(r)
+        if (p / SUMMARY_FILE).is_file():
+            out.append(p)
+        elif p.is_dir():
+            found = sorted(s.parent for s in p.rglob(SUMMARY_FILE))
+            if not found:
+                raise FileNotFoundError(f"{p}: no {SUMMARY_FILE} below it; expected a run directory "
+                                        f"(trace + {SUMMARY_FILE}) or a sweep directory of runs")
+            out.extend(found)
+        else:
+            raise FileNotFoundError(f"{p}: not a directory; expected a run or sweep directory")
+    return out
+
+
+def load_summary(run: Path) -> dict:
+    path = Path(run) / SUMMARY_FILE
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); expected a run summary") from None
+
+
+def compare_runs(runs, base: str | None = None):
+    """Polars DataFrame of runs side by side.
+
+    Args:
+        runs: a run directory, a sweep directory, or a list of them.
+        base: the ``run`` value (relative path) of the baseline; when given, every numeric metric
+            also gets a ``<metric>_vs_base`` column (run / base).
+    Returns:
+        columns ``run``, hive keys, ``policy``, ``backend``, the numeric metrics, ``set.<name>``.
+    """
+    import polars as pl
+
+    paths = find_runs(runs)
+    root = _common_root(paths)
+    rows = []
+    for p in paths:
+        s = load_summary(p)
+        rel = str(p.relative_to(root)) if root and p != root else p.name
+        row = {"run": rel}
+        for part in Path(rel).parts:
+            if "=" in part:
+                k, v = part.split("=", 1)
+                row[k] = v
+        for k, v in s.items():
+            if k == "settings" and isinstance(v, dict):
+                row.update({f"set.{sk}": (sv if isinstance(sv, (int, float, str, bool)) else str(sv))
+                            for sk, sv in v.items()})
+            elif isinstance(v, (int, float, str, bool)) or v is None:
+                row.setdefault(k, v)
+        rows.append(row)
+    df = pl.from_dicts(rows, infer_schema_length=None)
+    if base is not None:
+        if base not in df["run"].to_list():
+            raise ValueError(f"base={base!r}: not one of the runs {df['run'].to_list()}")
+        numeric = [c for c, d in df.schema.items() if d.is_numeric() and not c.startswith("set.")]
+        b = df.filter(pl.col("run") == base).row(0, named=True)
+        df = df.with_columns((pl.col(c) / b[c]).alias(f"{c}_vs_base") for c in numeric if b[c])
+    return df
+
+
+def _common_root(paths: list[Path]) -> Path | None:
+    if not paths:
+        return None
+    if len(paths) == 1:
+        return paths[0].parent
+    return Path(os.path.commonpath([str(p.resolve()) for p in paths]))
