@@ -23,6 +23,8 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.cli.record", "record"),
     ("replay.cli.launch", "launch"),
     ("replay.cli.launch", "hooks"),
+    ("replay.cli.verify", "verify"),
+    ("replay.cli.doctor", "doctor"),
 ]
 
 

@@ -1,0 +1,222 @@
+"""``kvtrace doctor``: explain SWA growth and leaks in a trace, and name the knob that stops them.
+
+``doctor(trace)`` returns a :class:`DoctorReport` with
+
+- ``identity_violations``: per pool, the stats rows where ``available + evictable + protected +
+  held != capacity`` (a leak), the first step it appears and its growth in pages;
+- ``growth``: per pool, a Theil–Sen slope and Mann–Kendall p-value of the non-evictable usage
+  (``capacity - available - evictable``) sampled at comparable load (drains: samples where no
+  request holds private KV; with fewer than ``MIN_DRAINS`` of them, the lowest-load sample of each
+  of ``BINS`` time bins), in tokens/hour, with the projected time to exhaustion and a verdict
+  ``growing`` (p < ``ALPHA``, rising by at least one page) or ``stable``;
+- ``holders`` and ``causes``: SWA slots held outside the window, by request and cause, with
+  slot-seconds (see :mod:`replay.diagnosis.holders`);
+- ``recommendations``: the DESIGN.md §5 knobs that address each cause, with the backend
+  ``--set`` overrides that express them (used by ``--replay``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.diagnosis.columns import POOL_NAMES, load_cache, load_requests, load_stats
+from replay.diagnosis.holders import attribute
+from replay.diagnosis.trend import NS_PER_HOUR, trend
+from tracer.schema import Pool
+
+ALPHA = 0.05
+MIN_DRAINS = 8
+BINS = 24
+MIN_SHARE = 0.005  # a cause is listed when its slot-seconds reach this share of SWA capacity x span
+# Leaks first, then pinned growth, then the rest by slot-seconds.
+SEVERITY = {"slots_lost_by_allocator": 0, "protected_prefix_pinned": 1, "all_tombstone_last_leaf": 1}
+
+RECOMMENDATIONS = {
+    "slots_lost_by_allocator": {
+        "knobs": [], "sets": [],
+        "text": ("slots are lost by the allocator (a leak, not a policy): run `kvtrace verify` for "
+                 "the first step it appears; pre-#36135 servers resolve the SWA peer at "
+                 "free_group_end and lose it: upgrade, and set SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE")},
+    "protected_prefix_pinned": {
+        "knobs": ["prefix_ownership"], "sets": [],
+        "text": ("finished requests left their tree path locked: every lock receipt must be "
+                 "unlocked (release_kv_cache); with an external host cache, "
+                 "prefix_ownership=eic_release_protected_prefix releases the protected prefix")},
+    "window_lock_held_through_decode": {
+        "knobs": ["release_prefill_swa (SGLANG_OPT_RELEASE_PREFILL_SWA)"], "sets": [],
+        "text": "release the prefill SWA window lock once decode has moved a window past it"},
+    "private_range_kept_until_finish": {
+        "knobs": ["swa_out_of_window_release=decode_only", "swa_eviction_interval_tokens"],
+        "sets": ["swa_eviction_interval_tokens={window}"],
+        "text": "free out-of-window SWA during decode, every window (SGLANG_SWA_EVICTION_INTERVAL <= W)"},
+    "unfinished_insert_without_release": {
+        "knobs": ["swa_out_of_window_release=decode_and_unfinished_insert",
+                  "swa_free_out_of_window_at_insert=true"],
+        "sets": ["swa_free_out_of_window_at_insert=true"],
+        "text": "free out-of-window SWA when a chunk of an unfinished request is inserted (#27402)"},
+    "all_tombstone_last_leaf": {
+        "knobs": ["swa_release_boundary=max_window_page"], "sets": ["swa_release_boundary=max_window_page"],
+        "text": "keep ceil_page(max(W, ps)) above the frontier so the last leaf keeps live SWA (#29860)"},
+}
+
+
+@dataclass
+class DoctorReport:
+    trace: str
+    identity_violations: list[dict]
+    growth: dict
+    holders: list[dict]
+    causes: list[dict]
+    recommendations: list[dict]
+    replay: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def primary_cause(self) -> str | None:
+        return self.causes[0]["cause"] if self.causes else None
+
+    @property
+    def verdict(self) -> str:
+        if self.identity_violations:
+            return "leak"
+        return "growing" if any(g["verdict"] == "growing" for g in self.growth.values()) else "stable"
+
+    def to_dict(self) -> dict:
+        return {"trace": self.trace, "verdict": self.verdict, "primary_cause": self.primary_cause,
+                "identity_violations": self.identity_violations, "growth": self.growth,
+                "holders": self.holders[:50], "num_holders": len(self.holders), "causes": self.causes,
+                "recommendations": self.recommendations, "replay": self.replay, "notes": self.notes}
+
+
+def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False) -> DoctorReport:
+    """Diagnose ``trace`` (a directory or an opened Trace); see the module docstring.
+
+    Args:
+        replay: also re-run the trace's workload under the recorded settings and under the
+            recommended ones (``replay.diagnosis.rerun``) and say whether the growth disappears.
+    Raises:
+        DiagnosisError: no ``stats`` rows; TraceError: unreadable trace.
+    """
+    from replay.trace import Trace, open_trace
+
+    tr = trace if isinstance(trace, Trace) else open_trace(trace)
+    server = tr.manifest.get("server") or {}
+    page = int(server.get("page_size") or 1)
+    window = int(server.get("sliding_window_tokens") or 0)
+    st = load_stats(tr, rank)
+    rep = DoctorReport(str(tr.path), _identity(st, page), _growth(st, page, _batch_sizes(tr, rank)),
+                       [], [], [])
+    if tr.num_dropped:
+        rep.notes.append(f"{tr.num_dropped} events were dropped while recording; attribution may "
+                         "miss them (drop gaps are not leaks)")
+    if window > 0:
+        rep.holders = attribute(load_cache(tr, rank), load_requests(tr, rank), st, window=window, page=page)
+    rep.causes = _causes(rep.holders, st)
+    rep.recommendations = [_recommend(c["cause"], window) for c in rep.causes]
+    if replay:
+        from replay.diagnosis.rerun import replay_compare
+
+        rep.replay = replay_compare(tr, rep, progress=progress)
+    return rep
+
+
+def _identity(st, page: int) -> list[dict]:
+    out = []
+    gap = st.capacity - (st.available + st.evictable + st.protected + st.held)
+    for p in np.unique(st.pool):
+        m = st.pool == p
+        g = gap[m]
+        bad = np.flatnonzero(g != 0)
+        if not len(bad):
+            continue
+        f = bad[0]
+        out.append({"pool": POOL_NAMES.get(int(p)), "rows": int(len(bad)), "first_seq": int(st.seq[m][f]),
+                    "first_step": int(st.forward_ct[m][f]), "first_ts_ns": int(st.ts_ns[m][f]),
+                    "first_unaccounted": int(g[f]), "last_unaccounted": int(g[-1]),
+                    "max_unaccounted": int(g.max()),
+                    "growth_pages": round(float(g[-1] - g[f]) / page, 2)})
+    return out
+
+
+def _samples(st, batch: dict[int, int]) -> tuple[np.ndarray, str]:
+    """Steps at comparable load: drains, else the lightest batch size seen at enough steps,
+    else the lightest sample of each time bin."""
+    fm = st.pool == int(Pool.FULL)
+    steps, held = st.forward_ct[fm], st.held[fm]
+    drains = np.flatnonzero(held == 0)
+    if len(drains) >= MIN_DRAINS:
+        return steps[drains], "drains (no request-private KV)"
+    sizes = np.array([batch.get(int(s), -1) for s in steps])
+    for b in np.unique(sizes[sizes >= 0]):
+        at = np.flatnonzero(sizes == b)
+        if len(at) >= MIN_DRAINS:
+            return steps[at], f"steps with batch size {int(b)}"
+    load = (st.held + st.protected)[fm]
+    bins = np.array_split(np.arange(len(steps)), min(BINS, len(steps)))
+    pick = [b[np.argmin(load[b])] for b in bins if len(b)]
+    return steps[np.asarray(pick, dtype=np.int64)], f"lowest-load sample of {len(pick)} time bins"
+
+
+def _growth(st, page: int, batch: dict[int, int]) -> dict:
+    steps, how = _samples(st, batch)
+    out = {}
+    for p in np.unique(st.pool):
+        m = st.pool == p
+        sel = m & np.isin(st.forward_ct, steps)
+        if sel.sum() < 3:
+            continue
+        # non-evictable usage minus request-private KV (load): protected + slots nobody owns
+        used = (st.capacity - st.available - st.evictable - st.held)[sel]
+        tr = trend(st.ts_ns[sel], used)
+        cap = int(st.capacity[sel][-1])
+        growing = tr.p_value < ALPHA and tr.slope_tokens_per_hour > 0 and tr.rise_tokens >= page
+        left = cap - float(used[-1])
+        hours = left / tr.slope_tokens_per_hour if growing else None
+        out[POOL_NAMES.get(int(p))] = dict(tr.to_dict(), capacity=cap, sampled_at=how,
+                                           verdict="growing" if growing else "stable",
+                                           hours_to_exhaustion=None if hours is None else round(hours, 3))
+    return out
+
+
+def _batch_sizes(tr, rank: int) -> dict[int, int]:
+    """forward_ct -> batch size of the step rows (the load of the step)."""
+    from replay.diagnosis.columns import codes, num
+    from tracer.schema import SchedKind
+
+    t = tr.table("sched", rank).select(["kind", "forward_ct", "batch_size"])
+    step = codes(t.column("kind"), SchedKind) == int(SchedKind.STEP)
+    return dict(zip(num(t, "forward_ct")[step].tolist(), num(t, "batch_size")[step].tolist()))
+
+
+def _causes(holders: list[dict], st) -> list[dict]:
+    m = st.pool == int(Pool.SWA)
+    cap = float(st.capacity[m][0]) if np.any(m) else float(st.capacity[0])
+    span_s = max((st.ts_ns.max() - st.ts_ns.min()) / 1e9, 1e-9)
+    agg: dict[str, dict] = {}
+    for h in holders:
+        a = agg.setdefault(h["cause"], {"cause": h["cause"], "holders": 0, "slot_seconds": 0.0,
+                                        "max_slots": 0, "rids": []})
+        a["holders"] += 1
+        a["slot_seconds"] += h["slot_seconds"]
+        a["max_slots"] = max(a["max_slots"], h["slots"])
+        if h["rid"] >= 0 and len(a["rids"]) < 20:
+            a["rids"].append(h["rid"])
+    out = []
+    for a in agg.values():
+        a["share_of_swa_capacity"] = round(a["slot_seconds"] / (cap * span_s), 4)
+        a["slot_seconds"] = round(a["slot_seconds"], 3)
+        if a["share_of_swa_capacity"] >= MIN_SHARE or a["cause"] in SEVERITY:
+            out.append(a)
+    return sorted(out, key=lambda a: (SEVERITY.get(a["cause"], 9), -a["slot_seconds"]))
+
+
+def _recommend(cause: str, window: int) -> dict:
+    r = RECOMMENDATIONS[cause]
+    return {"cause": cause, "knobs": r["knobs"], "text": r["text"],
+            "sets": [s.format(window=max(window, 1)) for s in r["sets"]]}
+
+
+def hours(ns: float) -> float:
+    return ns / NS_PER_HOUR

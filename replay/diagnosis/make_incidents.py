@@ -1,0 +1,127 @@
+"""Regenerate the incident traces of ``data/incidents/`` (``python -m replay.diagnosis.make_incidents``).
+
+Every trace is recorded on the real sglang 0.5.23 classes through
+``replay.record.record_workload`` (``--detail pages``), from small deterministic workloads built
+here, with either a pre-fix setting of the backend or a planted bug of
+``replay.backends.sglang.incidents``. Each incident has a healthy twin: the same workload under
+the same sizes with the fix (0.5.23's own behaviour). ``INCIDENTS`` is the table the README and
+the tests read: name -> (workload, settings, planted bug, expected doctor cause).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+BLOCK = 16
+ROOT = Path(__file__).resolve().parents[2] / "data" / "incidents"
+BASE = ("tree_core=rust", "page_size=16", "sliding_window_tokens=32", "full_pool_tokens=16384",
+        "swa_pool_tokens=2048", "chunked_prefill_size=256", "max_running_requests=8")
+
+
+@dataclass(frozen=True)
+class Incident:
+    name: str
+    workload: str  # key of WORKLOADS
+    sets: tuple[str, ...]
+    incident: str = ""
+    every: int = 3
+    cause: str = ""  # the cause doctor must name ("" = healthy)
+    what: str = ""
+
+
+def _blocks(tag, n: int) -> list[int]:
+    out = []
+    for i in range(n):
+        d = hashlib.blake2b(repr((tag, i)).encode(), digest_size=8).digest()
+        out.append(int.from_bytes(d, "little") >> 1 | 1)
+    return out
+
+
+def _multi_turn(sessions: int, turns: int, user_blocks: int, out: int, gap_ms: float) -> list[dict]:
+    rows, rid = [], 0
+    system = _blocks("system", 8)
+    for s in range(sessions):
+        hist = list(system)
+        for t in range(turns):
+            hist = hist + _blocks(("user", s, t), user_blocks)
+            rows.append(dict(rid=rid, ts_ns=int((t * sessions + s) * gap_ms * 1e6), page_hashes=list(hist),
+                             input_len=len(hist) * BLOCK, output_len=out, max_new_tokens=out,
+                             session_id=s, turn=t))
+            hist = hist + _blocks(("answer", s, t), max(1, out // BLOCK))
+            rid += 1
+    return rows
+
+
+WORKLOADS = {
+    # short answers: 30 requests over 10 sessions
+    "chat": lambda: _multi_turn(10, 3, 6, 12, 250.0),
+    # long answers (decode well past the window)
+    "long_answers": lambda: _multi_turn(6, 3, 4, 160, 1500.0),
+    # long prompts (chunked prefill: 4-9 chunks of 256)
+    "long_prompts": lambda: _multi_turn(6, 2, 60, 12, 500.0),
+}
+
+INCIDENTS = (
+    Incident("healthy_chat", "chat", BASE, what="healthy twin of lost_free / lost_unlock"),
+    Incident("lost_free", "chat", BASE, incident="lost_free", cause="slots_lost_by_allocator",
+             what="planted lost free: every 3rd SWA segment free outside a free group loses its last page"),
+    Incident("lost_unlock", "chat", BASE, incident="lost_unlock", every=5, cause="protected_prefix_pinned",
+             what="planted lost unlock: every 5th lock receipt is never released; its prefix stays protected"),
+    Incident("healthy_long_answers", "long_answers", BASE + ("swa_eviction_interval_tokens=16",),
+             what="healthy twin of swa_mapping_race / private_range_kept"),
+    Incident("swa_mapping_race", "long_answers", BASE + ("swa_eviction_interval_tokens=16",),
+             incident="swa_mapping_race", cause="slots_lost_by_allocator",
+             what="sgl-project/sglang#36135: SWA peer resolved at free_group_end after its mapping was cleared; one page lost per 3rd grouped free"),
+    Incident("private_range_kept", "long_answers", BASE + ("swa_eviction_interval_tokens=1000000",),
+             cause="private_range_kept_until_finish",
+             what="decode never frees out-of-window SWA (eviction interval past every answer): the private range stays until finish"),
+    Incident("healthy_long_prompts", "long_prompts", BASE, what="healthy twin of unfinished_insert"),
+    Incident("unfinished_insert", "long_prompts", BASE + ("swa_free_out_of_window_at_insert=false",),
+             cause="unfinished_insert_without_release",
+             what="pre-#27402: chunked prefill inserts every chunk as live, locked SWA (no out-of-window free at insert)"),
+)
+
+
+def make(names: tuple[str, ...] = (), root: Path = ROOT, progress: bool = True) -> list[dict]:
+    """Record the incident traces (all, or ``names``) under ``root``; returns their summaries."""
+    from replay.backends.sglang import write_workload
+    from replay.record import record_workload
+
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for inc in INCIDENTS:
+            if names and inc.name not in names:
+                continue
+            w = write_workload(Path(tmp) / inc.workload, WORKLOADS[inc.workload](), hash_block_tokens=BLOCK)
+            dest = root / inc.name
+            shutil.rmtree(dest, ignore_errors=True)
+            s = record_workload(w, dest, overrides=inc.sets, detail="pages", incident=inc.incident,
+                                incident_every=inc.every)
+            s["workload"] = inc.workload
+            s["trace"] = f"data/incidents/{inc.name}"
+            (dest / "backend.json").write_text(json.dumps(s, indent=1, default=str))
+            size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
+            if progress:
+                print(f"{inc.name}: {s['result']['num_finished']} finished, "
+                      f"{s.get('incident', {}).get('planted', 0)} planted, {size / 1e3:.0f} kB", flush=True)
+            out.append(s)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="incidents to record (default: all)")
+    ap.add_argument("--out", type=Path, default=ROOT)
+    a = ap.parse_args(argv)
+    make(tuple(a.names), a.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""``kvtrace doctor --replay``: re-run a trace's workload under the recorded settings and under the
+recommended ones, on the real sglang backend, and say whether the growth disappears.
+
+The workload is the trace's own ``request`` arrival rows. The recorded settings come from the
+trace's ``backend.json`` (written by ``kvtrace record``) or, without it, from the manifest's
+``server`` block. A planted bug named in ``backend.json`` (``incident``) is planted again in the
+recorded run and left out of the recommended one (the fix). Uses ``replay.runs.replay_run``
+when the lead's replay core is installed with a ``sets`` argument; otherwise
+``replay.record.record_workload`` with ``--set`` overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+SERVER_TO_SETTING = ("page_size", "sliding_window_tokens", "full_pool_tokens", "swa_pool_tokens",
+                     "chunked_prefill_size", "max_running_requests", "host_pool_tokens", "eviction_policy")
+
+
+def recorded_settings(tr) -> tuple[list[str], dict]:
+    """(``key=value`` settings, incident dict) the trace was recorded with."""
+    bj = Path(tr.path) / "backend.json"
+    if bj.is_file():
+        meta = json.loads(bj.read_text())
+        sets = [f"{k}={v}" for k, v in (meta.get("settings") or {}).items()]
+        return sets, meta.get("incident") or {}
+    server = tr.manifest.get("server") or {}
+    return [f"{k}={server[k]}" for k in SERVER_TO_SETTING if server.get(k) not in (None, "")], {}
+
+
+def workload_rows(tr, rank: int = 0) -> list[dict]:
+    t = tr.table("request", rank).to_pylist()
+    rows = []
+    for r in t:
+        if r["event"] != "arrival":
+            continue
+        rows.append(dict(rid=int(r["rid"]), ts_ns=int(r["ts_ns"]), page_hashes=r["page_hashes"] or [],
+                         input_len=int(r["input_len"]), output_len=int(r["output_len"]),
+                         max_new_tokens=int(r["max_new_tokens"]), session_id=int(r["session_id"]),
+                         turn=int(r["turn"])))
+    return rows
+
+
+def replay_compare(tr, report, *, progress: bool = False) -> dict:
+    """Record the workload twice (recorded, recommended) and diagnose both runs."""
+    from replay.backends.sglang import write_workload
+    from replay.diagnosis.doctor import doctor
+    from replay.record import record_workload
+
+    sets, incident = recorded_settings(tr)
+    fix = [s for r in report.recommendations for s in r["sets"]]
+    out = {"recorded_sets": sets, "recommended_sets": fix, "incident": incident or None}
+    with tempfile.TemporaryDirectory() as tmp:
+        w = write_workload(Path(tmp) / "w", workload_rows(tr), hash_block_tokens=int(tr.manifest.get("hash_block_tokens") or 16))
+        runs = {}
+        for name, run_sets, inc in (("recorded", sets, incident), ("recommended", sets + fix, {})):
+            dest = Path(tmp) / name
+            record_workload(w, dest, overrides=tuple(run_sets), detail="counts", progress=progress,
+                            incident=inc.get("name", ""), incident_every=int(inc.get("every", 7) or 7))
+            d = doctor(dest)
+            runs[name] = {"verdict": d.verdict, "primary_cause": d.primary_cause,
+                          "growth": {p: {k: g[k] for k in ("verdict", "slope_tokens_per_hour", "p_value")}
+                                     for p, g in d.growth.items()},
+                          "identity_violations": sum(v["rows"] for v in d.identity_violations),
+                          "causes": [c["cause"] for c in d.causes]}
+    out["runs"] = runs
+    before, after = runs["recorded"], runs["recommended"]
+    gone = (before["verdict"] != "stable" and after["verdict"] == "stable") or (
+        report.primary_cause is not None and report.primary_cause not in after["causes"])
+    out["growth_disappears"] = bool(gone)
+    out["summary"] = (f"recorded: {before['verdict']} ({before['primary_cause']}); recommended "
+                      f"{' '.join(fix) or '(fix of the planted bug)'}: {after['verdict']} "
+                      f"({after['primary_cause']}) -> " + ("the problem disappears" if gone else "the problem remains"))
+    return out
