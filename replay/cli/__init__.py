@@ -23,8 +23,15 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.cli.record", "record"),
     ("replay.cli.launch", "launch"),
     ("replay.cli.launch", "hooks"),
+    ("replay.cli.export", "export"),
+    ("replay.cli.report", "report"),
+    ("replay.cli.lab", "lab"),
     ("replay.cli.verify", "verify"),
     ("replay.cli.doctor", "doctor"),
+    ("replay.cli.policies", "policies"),
+    ("replay.cli.replay", "replay_cmd"),
+    ("replay.cli.sweep", "sweep_cmd"),
+    ("replay.cli.compare", "compare_cmd"),
 ]
 
 
