@@ -146,11 +146,13 @@ class Trace:
 
     # ------------------------------------------------------------------ validation
     def check(self) -> list[Problem]:
-        """Problems found at open plus seq order/duplicates per rank and recorded drops."""
-        out = list(self.problems)
-        out += self._check_seq()
-        out += self._check_drops()
-        return out
+        """Every problem of the trace: those found at open (unreadable, missing or open
+        segments), seq order and duplicates per rank, rank folders vs manifest vs rank files,
+        rows vs the events each rank file recorded, seqs neither written nor counted lost, ranks
+        that did not end ``complete``, and recorded drops (see ``replay.trace_checks``)."""
+        from replay.trace_checks import full_check
+
+        return full_check(self)
 
     def _check_seq(self) -> list[Problem]:
         out = []
@@ -260,8 +262,9 @@ def _scan(root: Path) -> tuple[list[Segment], list[Problem]]:
                 indices.append(idx)
                 if pm.group(2) == "arrows":
                     problems.append(Problem("open_segment", str(f), (
-                        "open segment (Arrow IPC stream) left by a crash or a running recorder; "
-                        "expected closed Parquet parts: run `kvtrace recover TRACE`")))
+                        "open segment (Arrow IPC stream) of a running recorder or left by a crash; "
+                        "expected closed Parquet parts: once the recorder has exited, run "
+                        "`kvtrace recover TRACE`")))
                     continue
                 seg, prob = _open_segment(f, fam_name, rank, idx)
                 if prob:

@@ -47,8 +47,8 @@ def test_inspect_json_keys(tmp_path):
 
 def test_inspect_not_a_trace_is_a_clear_error(tmp_path):
     res = CliRunner().invoke(cli, ["inspect", str(tmp_path)])
-    assert res.exit_code == 1
-    assert f"Error: {tmp_path}/manifest.json: missing; expected a kvtrace trace directory" in res.output
+    assert res.exit_code == 2
+    assert f"kvtrace: error: {tmp_path}/manifest.json: missing; expected a kvtrace trace directory" in res.output
 
 
 def test_inspect_strict_fails_on_problems(tmp_path):

@@ -106,6 +106,7 @@ class Recorder:
         # Held while recording: ``kvtrace recover`` refuses a rank whose lock is taken.
         self._lock_fd = _manifest.hold_rank_lock(self.dir, self.rank)
         self.end_state = "complete"  # written to the rank file when the flusher finishes
+        self._progress_seq = 0
         self.seq = itertools.count(1)
         self.now = [0 if self.opts.clock == "manual" else time.monotonic_ns() - self.anchor_ns]
         # pool/cache rows leave ts out of the record unless clock="event": the flusher fills it
@@ -299,6 +300,8 @@ class Recorder:
                     if force or len(b.cur[0]) * 2 >= b.capacity:
                         self._flush_rows(name, b)
                 self._rotate(force_close=False)
+                if force:
+                    self._write_progress(s_swap - 1)
                 return True
             except Exception as e:  # disk full, directory removed, ...
                 self._fail(e)
@@ -420,14 +423,16 @@ class Recorder:
         for seg in self.segments.values():
             seg.abandon()
         self.segments.clear()
+        s_fail = next(self.seq)  # the row below is an event of this rank too
         try:  # best effort: the target may be gone or full
             t = time.monotonic_ns() - self.anchor_ns
-            table = pa.table({"ts_ns": [t], "seq": [issued + 1], "family": [""], "first_seq": [-1],
+            table = pa.table({"ts_ns": [t], "seq": [s_fail], "family": [""], "first_seq": [-1],
                               "last_seq": [issued], "num_events": [lost],
                               "reason": [int(DropReason.WRITE_ERROR)], "detail": [self.failed]})
             _segments.write_family_table(self.dir, "drops", table, rank=self.rank)
+            self.events_written["drops"] += 1
         except Exception:
-            pass
+            self.drops.add("drops", DropReason.WRITE_ERROR, s_fail, s_fail, 1)
         self._write_info("crashed", lost=lost)
         self._release_lock()
 
@@ -453,6 +458,17 @@ class Recorder:
             _manifest.update_rank_info(self.dir, self.rank, info)
         except Exception as e:  # the segments stay readable; recover can still mark the rank
             log.error("kvtrace: could not write the end state of rank %d to %s: %s", self.rank, self.dir, e)
+
+    def _write_progress(self, flushed_seq: int) -> None:
+        """Note in the rank file that every seq up to ``flushed_seq`` is on disk or counted in
+        ``drops``: recovery then counts a torn or lost tail beyond the last seq on disk."""
+        if flushed_seq <= self._progress_seq:
+            return
+        self._progress_seq = flushed_seq
+        try:
+            _manifest.update_rank_info(self.dir, self.rank, dict(self.info, flushed_seq=flushed_seq))
+        except Exception:  # progress is advisory; the segments are what counts
+            pass
 
     def _release_lock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None

@@ -121,8 +121,8 @@ def test_storage_encodes_enum_strings(tmp_path):
     tr = open_trace(tmp_path)
     assert tr.table("drops").column("reason").to_pylist() == ["buffer_full"]
     assert int(DropReason.BUFFER_FULL) == 0
-    assert [str(p) for p in tr.check()] == [
-        f"{tmp_path}/drops/rank=0/part-00000.parquet, row 0: 7 pool lost (buffer_full), seq 3..9"]
+    assert f"{tmp_path}/drops/rank=0/part-00000.parquet, row 0: 7 pool lost (buffer_full), seq 3..9" in [
+        str(p) for p in tr.check()]
 
 
 def test_manual_clock_is_deterministic(tmp_path):

@@ -110,14 +110,21 @@ def write_parquet(path: str | os.PathLike, table: pa.Table, *, row_group_rows: i
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with pq.ParquetWriter(tmp, table.schema, memory_pool=ARROW_POOL, **_parquet_options(table.schema)) as w:
-        for start in range(0, max(table.num_rows, 1), row_group_rows):
-            w.write_table(table.slice(start, row_group_rows), row_group_size=row_group_rows)
-            if between_row_groups is not None:
-                between_row_groups()
-    if between_row_groups is not None:
-        between_row_groups()
-    os.replace(tmp, path)
+    try:
+        with pq.ParquetWriter(tmp, table.schema, memory_pool=ARROW_POOL, **_parquet_options(table.schema)) as w:
+            for start in range(0, max(table.num_rows, 1), row_group_rows):
+                w.write_table(table.slice(start, row_group_rows), row_group_size=row_group_rows)
+                if between_row_groups is not None:
+                    between_row_groups()
+        if between_row_groups is not None:
+            between_row_groups()
+        os.replace(tmp, path)
+    except BaseException:  # disk full, ...: never leave a (zero-byte) temporary behind
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
     return path.stat().st_size
 
 
@@ -154,16 +161,27 @@ def read_stream_batches(path: str | os.PathLike) -> tuple[list[pa.RecordBatch], 
             return batches, f"torn after {len(batches)} batches ({e})"
 
 
+UNREADABLE_SUFFIX = ".unreadable"  # bytes of an open segment recovery could not read, kept aside
+
+
 def convert_segment(path: str | os.PathLike, fam: Family, *, row_group_rows: int = 1 << 20,
-                    between_steps=None) -> Path | None:
+                    between_steps=None, keep_unreadable: bool = False) -> Path | None:
     """Convert an IPC stream segment (complete or torn) to Parquet and delete it.
 
     Returns the Parquet path, or None when the stream held no complete batch (the file is
     removed then too). ``between_steps`` (no args) is called between the conversion's steps.
+    ``keep_unreadable``: a stream that is torn or unreadable is renamed to
+    ``part-<n>.arrows.unreadable`` instead of deleted (its bytes are kept for inspection).
+    If writing the Parquet file fails (disk full) the stream is left untouched and the error raised.
     """
     path = Path(path)
     step = between_steps or (lambda: None)
-    batches, _ = read_stream_batches(path)
+    batches, note = read_stream_batches(path)
+    expected = fam.arrow_schema(stored=False)
+    if batches and not batches[0].schema.equals(expected):
+        note = (f"foreign stream: columns {batches[0].schema.names} do not match the {fam.name} "
+                f"family's {expected.names}")
+        batches = []
     rows = sum(b.num_rows for b in batches)
     out = path.with_suffix(CLOSED_SUFFIX)
     if rows:
@@ -185,7 +203,10 @@ def convert_segment(path: str | os.PathLike, fam: Family, *, row_group_rows: int
     while batches:
         batches.pop()
     step()
-    path.unlink()
+    if keep_unreadable and note is not None:
+        os.replace(path, path.with_name(path.name + UNREADABLE_SUFFIX))
+    else:
+        path.unlink()
     return out if rows else None
 
 
@@ -201,10 +222,23 @@ def _seq_sorted(col: pa.ChunkedArray) -> bool:
     return True
 
 
-def recover_segment(path: str | os.PathLike) -> tuple[int, str | None]:
-    """Convert one leftover ``.arrows`` segment; returns (rows recovered, note on the torn tail)."""
+def recover_segment(path: str | os.PathLike, keep_unreadable: bool = True) -> tuple[int, str | None]:
+    """Convert one leftover ``.arrows`` segment; returns (rows recovered, note on the torn tail).
+
+    A torn or unreadable stream is moved aside to ``*.arrows.unreadable`` (``keep_unreadable``).
+    Raises SchemaError when the segment is not under a known family folder."""
+    from tracer.schema import SchemaError
+
     path = Path(path)
-    fam = FAMILIES[path.parent.parent.name]
+    fam = FAMILIES.get(path.parent.parent.name)
+    if fam is None:
+        raise SchemaError(f"{path}: in unknown family folder {path.parent.parent.name!r}; expected one "
+                          f"of {', '.join(FAMILIES)}")
     batches, note = read_stream_batches(path)
-    convert_segment(path, fam)
-    return sum(b.num_rows for b in batches), note
+    expected = fam.arrow_schema(stored=False)
+    if batches and not batches[0].schema.equals(expected):
+        note, batches = f"foreign stream: columns do not match the {fam.name} family", []
+    rows = sum(b.num_rows for b in batches)
+    del batches
+    convert_segment(path, fam, keep_unreadable=keep_unreadable)
+    return rows, note

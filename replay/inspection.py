@@ -1,0 +1,82 @@
+"""What ``kvtrace inspect`` shows: manifest, rows per family, ranks and how each ended, span,
+drops, bytes on disk, and problems (the full ``Trace.check()`` when ``strict``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tracer.schema import FAMILIES
+from tracer.schema import manifest as _manifest
+
+# Order used to pick the state shown for a whole trace: the worst of its ranks.
+_STATE_ORDER = ("complete", "recovered", "interrupted", "recording", "crashed", "unknown")
+
+
+def rank_states(trace) -> dict[int, str]:
+    """How each rank ended: complete | interrupted | crashed | recovered | recording | unknown."""
+    from replay.trace_checks import rank_info
+
+    out = {}
+    for r in trace.ranks:
+        info, _ = rank_info(trace, r)
+        out[r] = _manifest.end_state(info, _manifest.rank_is_live(trace.path, r, info))
+    return out
+
+
+def trace_state(states: dict[int, str], has_rank_files: bool) -> str:
+    if not has_rank_files:
+        return "complete"  # a workload or an imported trace: written whole, atomically
+    if not states:
+        return "unknown"
+    return max(states.values(), key=lambda s: _STATE_ORDER.index(s) if s in _STATE_ORDER else len(_STATE_ORDER))
+
+
+def summarize(path: str | Path, strict: bool = False) -> dict:
+    """Summary of a trace (the ``--json`` object of ``kvtrace inspect``).
+
+    Args:
+        path: trace directory.
+        strict: run the full checks (``Trace.check()``) rather than only what opening finds.
+    Raises:
+        TraceError: not a trace, a manifest that is not an object, an unknown major version.
+    """
+    from replay.trace import open_trace
+
+    tr = open_trace(path, strict=False)
+    families = {f: tr.rows(f) for f in FAMILIES}
+    lo, hi = None, None
+    for seg in tr.segments:
+        md = pq.ParquetFile(seg.path).metadata
+        col = md.schema.to_arrow_schema().get_field_index("ts_ns")
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(col).statistics
+            if st is not None and st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+    num_bytes = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    events = sum(families.values())
+    states = rank_states(tr)
+    has_rank_files = (Path(path) / _manifest.RANKS_DIR).is_dir()
+    problems = tr.check() if strict else tr.problems
+    return {
+        "path": str(Path(path)),
+        "schema_version": tr.manifest.get("schema_version"),
+        "producer": tr.manifest.get("producer"),
+        "server": tr.manifest.get("server", {}),
+        "hash_block_tokens": tr.manifest.get("hash_block_tokens"),
+        "state": trace_state(states, has_rank_files),
+        "rank_states": {str(r): s for r, s in states.items()} if has_rank_files else {},
+        "families": families,
+        "ranks": tr.ranks,
+        "span_ns": (hi - lo) if lo is not None else 0,
+        "drops": tr.num_dropped,
+        "bytes": num_bytes,
+        "bytes_per_event": round(num_bytes / events, 3) if events else None,
+        "unreadable_files": sorted(str(p) for p in Path(path).rglob("*.unreadable")),
+        "problems": [str(p) for p in problems],
+    }
+
+
+__all__ = ["summarize", "rank_states", "trace_state"]
