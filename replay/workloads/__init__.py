@@ -5,11 +5,16 @@ page hashes) and its manifest; any recorded trace is also a valid workload.
 
 - ``generate``: synthetic shapes (multi_turn, agentic, shared_prefix, long_context, mixed).
 - ``mooncake`` / ``bailian``: import (and Mooncake export) of public JSONL traces.
-- ``io``: write/read workload traces; ``stats``: summary statistics.
-- ``cli``: the ``kvtrace workload`` commands; ``make_data``: the committed samples.
+- ``model``: the one ``Workload`` (columns + backend request objects); ``io``: the one writer;
+  ``read``: any trace's ``request`` family as a workload (through ``replay.trace``);
+  ``extract``: ``workload from-trace``; ``stats``: summary statistics.
+- ``make_data``: the committed samples.
 """
 
 from replay.workloads.errors import FormatError, WorkloadError
-from replay.workloads.io import RequestColumns, Workload, read_workload, write_workload
+from replay.workloads.io import write_workload
+from replay.workloads.model import RequestColumns, Workload, WorkloadRequest
+from replay.workloads.read import read_workload
 
-__all__ = ["FormatError", "WorkloadError", "RequestColumns", "Workload", "read_workload", "write_workload"]
+__all__ = ["FormatError", "WorkloadError", "RequestColumns", "Workload", "WorkloadRequest", "read_workload",
+           "write_workload"]

@@ -1,15 +1,12 @@
-"""Chained page hashes: deterministic 64-bit arithmetic, identical in every process.
+"""Block content keys of synthetic and imported prompts; their page hashes come from the one
+page-hash function, ``tracer.schema.hashing`` (``kvtrace-chain-v1``).
 
 A prompt is cut into hash blocks of ``hash_block_tokens`` tokens; only full blocks are hashed.
-Each block has a 64-bit *content key* (an imported block id, or a key the generator derives
-from synthetic segments), and the page hash of block j chains the previous hash with it::
-
-    h[-1] = ROOT
-    h[j]  = fmix64(rotl(h[j-1], 27) ^ fmix64(key[j] + KEY_SALT))
-
-so two prompts share hash j exactly when their first j+1 block keys are equal (up to 64-bit
-collisions). ``fmix64`` is MurmurHash3's finalizer; everything is uint64 numpy arithmetic
-(wrap-around multiplication), never Python's salted ``hash()``.
+Each block has a 64-bit *content key*: an imported block id (Mooncake/Bailian ``hash_ids``), or a
+key the generator derives from synthetic segments (:func:`segment_block_keys`). The page hash of
+block j chains the previous page hash with key j (:func:`chain_hashes`), so two prompts share
+hash j exactly when their first j+1 block keys are equal (up to 64-bit collisions). Everything is
+uint64 numpy arithmetic, never Python's salted ``hash()``.
 """
 
 from __future__ import annotations
@@ -18,25 +15,12 @@ import hashlib
 
 import numpy as np
 
+from tracer.schema.hashing import chain, fmix64
+
 U64 = np.uint64
-ROOT = U64(0x6B76747261636521)  # b"kvtrace!"
-KEY_SALT = U64(0x9E3779B97F4A7C15)
-_M1 = U64(0xFF51AFD7ED558CCD)
-_M2 = U64(0xC4CEB9FE1A85EC53)
 _OFF_MUL = U64(0xD6E8FEB86659FD93)
 _LEN_MUL = U64(0xA0761D6478BD642F)
 _PIECE_ROOT = U64(0x243F6A8885A308D3)
-
-
-def fmix64(x: np.ndarray) -> np.ndarray:
-    """MurmurHash3 64-bit finalizer on a uint64 array (returns a new array)."""
-    x = np.asarray(x, dtype=U64).copy()
-    x ^= x >> U64(33)
-    x *= _M1
-    x ^= x >> U64(33)
-    x *= _M2
-    x ^= x >> U64(33)
-    return x
 
 
 def rotl(x: np.ndarray, r: int) -> np.ndarray:
@@ -58,7 +42,7 @@ def name_key(*parts: object) -> int:
 
 
 def chain_hashes(keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Chained page hashes of many prompts at once.
+    """Chained page hashes of many prompts at once (``tracer.schema.hashing.chain``).
 
     Args:
         keys: uint64 content keys of all prompts, concatenated (prompt i owns
@@ -68,31 +52,12 @@ def chain_hashes(keys: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     Returns:
         uint64 array, same shape as ``keys``: the chained hash of every block.
     """
-    keys = np.asarray(keys, dtype=U64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    out = np.empty_like(keys)
-    if len(keys) == 0:
-        return out
-    offsets = np.zeros(len(lengths), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=offsets[1:])
-    order = np.argsort(-lengths, kind="stable")  # longest first: active rows are a prefix
-    lens_sorted, offs_sorted = lengths[order], offsets[order]
-    mixed = fmix64(keys + KEY_SALT)
-    prev = np.full(len(lengths), ROOT, dtype=U64)
-    neg_lens = -lens_sorted
-    for j in range(int(lens_sorted[0])):
-        m = int(np.searchsorted(neg_lens, -j, side="left"))  # rows with length > j
-        idx = offs_sorted[:m] + j
-        h = fmix64(rotl(prev[:m], 27) ^ mixed[idx])
-        out[idx] = h
-        prev[:m] = h
-    return out
+    return chain(keys, lengths)
 
 
 def chain_one(keys) -> np.ndarray:
     """Chained hashes of a single prompt's block keys (convenience for tests and small inputs)."""
-    keys = np.asarray(keys, dtype=U64)
-    return chain_hashes(keys, np.array([len(keys)]))
+    return chain(keys)
 
 
 def segment_block_keys(seg_keys, seg_tokens, block_tokens: int) -> np.ndarray:

@@ -142,7 +142,7 @@ def export_mooncake(
     if out.exists() and not overwrite:
         raise WorkloadError(f"{out} already exists (use --force to replace it)")
     group = block_tokens // hb
-    c = w.requests
+    c = w.columns
     ids = _IdMap()
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:

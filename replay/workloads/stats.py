@@ -43,7 +43,7 @@ def workload_stats(w: Workload) -> dict:
         A JSON-ready dict. Required keys: requests, sessions, arrival_rate_per_s,
         input_len_p50, input_len_p99, output_len_p50, ideal_reuse_ratio; plus more detail.
     """
-    c = w.requests
+    c = w.columns
     n = c.num_requests
     ts = c.ts_ns.astype(np.int64)
     span_ns = int(ts[-1] - ts[0]) if n else 0

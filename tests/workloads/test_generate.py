@@ -50,7 +50,7 @@ def test_every_shape_writes_a_valid_workload(shape, generated):
     assert t.column("seq").to_pylist() == list(range(1, 201))
     assert t.column("rid").to_pylist() == list(range(200))
     assert set(t.column("event").to_pylist()) == {"arrival"}
-    c = w.requests
+    c = w.columns
     assert np.all(np.diff(c.ts_ns) >= 0) and c.ts_ns[0] >= 0
     assert np.all(c.output_len >= 1) and np.all(c.output_len <= c.max_new_tokens)
     assert np.all(np.diff(c.hash_offsets) == c.input_len // w.hash_block_tokens)
@@ -58,7 +58,7 @@ def test_every_shape_writes_a_valid_workload(shape, generated):
 
 def test_multi_turn_turns_extend_the_previous_prompt(generated):
     w = generated("multi_turn", 500, seed=1)
-    c = w.requests
+    c = w.columns
     by_session = {}
     for i in range(c.num_requests):
         by_session.setdefault(int(c.session_id[i]), []).append(i)
@@ -87,7 +87,7 @@ def test_multi_turn_statistics_match_parameters(generated):
     s = workload_stats(w)
     assert s["arrival_rate_per_s"] == pytest.approx(3.4, rel=0.08)
     assert s["output_len_p50"] == pytest.approx(cfg.output_tokens_median, rel=0.10)
-    c = w.requests
+    c = w.columns
     t_end = c.ts_ns[-1]
     sessions = {}
     for i in range(c.num_requests):
@@ -108,7 +108,7 @@ def test_first_turn_length_matches_parameters(generated):
 
 def test_agentic_contexts_grow_within_32k_128k(generated):
     w = generated("agentic", 400, seed=3)
-    c = w.requests
+    c = w.columns
     assert c.input_len.min() >= 32768 and c.input_len.max() <= 131072
     assert np.median(c.output_len) == pytest.approx(150, rel=0.15)
     for sid in np.unique(c.session_id):
@@ -119,14 +119,14 @@ def test_agentic_contexts_grow_within_32k_128k(generated):
 
 def test_long_context_prompts_exceed_chunked_prefill(generated):
     cfg = get_shape("long_context").config_cls()
-    c = generated("long_context", 300, seed=3).requests
+    c = generated("long_context", 300, seed=3).columns
     assert c.input_len.min() > 1.5 * cfg.chunked_prefill_size
     assert c.input_len.max() <= cfg.max_context_tokens
 
 
 def test_shared_prefix_requests_share_a_few_prefixes(generated):
     w = generated("shared_prefix", 400, seed=3)
-    c = w.requests
+    c = w.columns
     firsts = {int(c.hashes_of(i)[0]) for i in range(c.num_requests)}
     assert len(firsts) <= get_shape("shared_prefix").config_cls().num_prefixes
     assert len(np.unique(c.session_id)) == c.num_requests
@@ -134,7 +134,7 @@ def test_shared_prefix_requests_share_a_few_prefixes(generated):
 
 
 def _request_gap_cv(w):
-    gaps = np.diff(w.requests.ts_ns).astype(float)
+    gaps = np.diff(w.columns.ts_ns).astype(float)
     return gaps.std() / gaps.mean()
 
 
@@ -151,7 +151,7 @@ def test_arrival_processes(generated):
 
 
 def test_mixed_request_shares_follow_weights(generated):
-    c = generated("mixed", 3000, seed=9).requests
+    c = generated("mixed", 3000, seed=9).columns
     agentic = np.mean(c.input_len >= 32768)  # agentic + long documents
     assert 0.10 < agentic < 0.35
 

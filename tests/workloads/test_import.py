@@ -15,13 +15,13 @@ from replay.workloads.mooncake import export_mooncake, import_mooncake
 
 
 def _hashes(w):
-    c = w.requests
+    c = w.columns
     return [c.hashes_of(i).tolist() for i in range(c.num_requests)]
 
 
 def test_mooncake_golden(tmp_path, fixture_path):
     w = read_workload(import_mooncake(fixture_path("mooncake_small.jsonl"), tmp_path / "W"))
-    c = w.requests
+    c = w.columns
     assert w.hash_block_tokens == 512
     assert w.manifest["producer"]["source"] == "workload"
     assert w.manifest["workload"]["source"] == "mooncake"
@@ -50,7 +50,7 @@ def test_mooncake_golden(tmp_path, fixture_path):
 
 def test_bailian_golden_sessions_turns_and_prefix_sharing(tmp_path, fixture_path):
     w = read_workload(import_bailian(fixture_path("bailian_small.jsonl"), tmp_path / "W"))
-    c = w.requests
+    c = w.columns
     assert w.hash_block_tokens == 16
     assert w.manifest["workload"]["request_types"] == {"image": 1, "search": 1, "text": 3}
     assert c.ts_ns.tolist() == [500_000_000, 1_250_000_000, 4_000_000_000, 9_750_000_000, 10_000_000_000]
@@ -156,7 +156,7 @@ def test_export_of_generated_workload_keeps_prefix_structure(tmp_path, generated
     w = generated("multi_turn", 300, seed=4)
     f = export_mooncake(w.path, tmp_path / "g.jsonl", with_sessions=True)
     w2 = read_workload(import_mooncake(f, tmp_path / "G"))
-    c, c2 = w.requests, w2.requests
+    c, c2 = w.columns, w2.columns
     assert c2.input_len.tolist() == c.input_len.tolist()
     assert c2.ts_ns.tolist() == (c.ts_ns // 1_000_000 * 1_000_000).tolist()
     assert len(np.unique(c2.session_id)) == len(np.unique(c.session_id))

@@ -44,7 +44,7 @@ def test_full_trace_arrivals_only(tmp_path):
     w = read_workload(tmp_path)
     assert w.num_requests == 4
     assert w.table.column("rid").to_pylist() == [0, 1, 2, 3]
-    assert w.requests.input_len.tolist() == [32, 16, 40, 8]
+    assert w.columns.input_len.tolist() == [32, 16, 40, 8]
     s = workload_stats(w)
     assert s["ideal_reused_tokens"] == 16 * 3  # [1] reuses block 1; [1, 2] reuses both
 
@@ -52,8 +52,8 @@ def test_full_trace_arrivals_only(tmp_path):
 def test_rank_selection(tmp_path):
     _full_trace(tmp_path, rank=0)
     _full_trace(tmp_path, rank=1, base=100)
-    assert read_workload(tmp_path).requests.rid_str[0] == "r0"
-    assert read_workload(tmp_path, rank=1).requests.rid_str[0] == "r100"
+    assert read_workload(tmp_path).columns.rid_str[0] == "r0"
+    assert read_workload(tmp_path, rank=1).columns.rid_str[0] == "r100"
     with pytest.raises(WorkloadError, match=r"no requests for rank 5 \(ranks present: \[0, 1\]\)"):
         read_workload(tmp_path, rank=5)
 
@@ -72,5 +72,5 @@ def test_unknown_major_version_is_refused(tmp_path):
 def test_not_a_trace(tmp_path):
     with pytest.raises(WorkloadError, match="not a directory"):
         read_workload(tmp_path / "missing")
-    with pytest.raises(WorkloadError, match="no manifest.json"):
+    with pytest.raises(WorkloadError, match="manifest.json: missing; expected a kvtrace trace directory"):
         read_workload(tmp_path)

@@ -319,6 +319,10 @@ MANIFEST_KEYS: dict[str, str] = {
     "created_unix_ns": "Wall-clock time the trace was created.",
     "clock": "{'monotonic_ns': M, 'unix_ns': U}: ts_ns = monotonic_ns - M; unix = U + ts_ns.",
     "hash_block_tokens": "Tokens per page hash in request.page_hashes.",
+    "page_hash": (
+        "Name of the page-hash function of request.page_hashes ('kvtrace-chain-v1', "
+        "tracer/schema/hashing.py); absent in older traces: read as 'kvtrace-legacy'."
+    ),
     "server": (
         "Server config: page_size, sliding_window_tokens, full_pool_tokens, swa_pool_tokens, "
         "swa_full_tokens_ratio, chunked_prefill_size, cache_kind, host_pool_tokens, "

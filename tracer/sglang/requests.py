@@ -3,69 +3,60 @@
 
 Token ids are never stored: the prompt is kept as chained page hashes, one per *full* block of
 ``hash_block_tokens`` tokens (manifest key; ``KVTRACE_HASH_BLOCK_TOKENS``, default 16; 0 turns
-hashing off). Hash j depends on blocks 0..j exactly (equal prompt prefixes, and only those, share
-hashes, up to 64-bit collisions), and is computed without a Python loop per block (numpy uint64,
-wrap-around arithmetic; about 60 us for a 16k-token prompt)::
+hashing off), computed by the one page-hash function ``tracer.schema.hashing`` from the token
+ids (about 60-90 us for a 16k-token prompt).
 
-    key[j] = fmix64(sum_k tokens[j*B + k] * R[k] + KEY_SALT)          # block content key
-    h[j]   = fmix64(sum_{i<=j} key[i] * P^(j-i) + (j + 1) * LEN_MUL)  # prefix (polynomial) chain
-
-``R`` are fixed odd 64-bit multipliers, ``P`` a fixed odd base; the prefix sums use
-``sum_i key[i] * P^-i`` (P is invertible mod 2^64) and one ``cumsum``.
+A driver that synthesizes token ids for a known request row (the real-code replay backend,
+which makes token ids from a workload's page hashes) passes them as a :class:`DeclaredPrompt`:
+the ``array('q')`` of token ids plus that row's page hashes, session, turn, planned output length
+and arrival time. The arrival row then records the declared values (the workload's own hash
+chain, not a hash of the synthesized ids; the row is stamped at the declared arrival time on a
+``clock="manual"`` recorder), so a recorded run's requests are the workload's requests.
 """
 
 from __future__ import annotations
 
 import os
+from array import array
 
 import numpy as np
 
 import tracer
 from tracer.schema import RequestEvent
+from tracer.schema.hashing import page_hashes_from_tokens
 from tracer.sglang import state
 
 _NOOP = state._NOOP
 ARRIVAL, FINISH, ABORT = int(RequestEvent.ARRIVAL), int(RequestEvent.FINISH), int(RequestEvent.ABORT)
 DEFAULT_HASH_BLOCK_TOKENS = 16
 
-U64 = np.uint64
-KEY_SALT = U64(0x9E3779B97F4A7C15)
-LEN_MUL = U64(0xA0761D6478BD642F)
-_M1, _M2 = U64(0xFF51AFD7ED558CCD), U64(0xC4CEB9FE1A85EC53)
-_P = 0x100000001B3 * 2 + 1  # odd base
-_P_INV = pow(_P, -1, 1 << 64)
-_pows: dict[str, np.ndarray] = {"p": np.ones(1, U64), "q": np.ones(1, U64)}
-_mult: dict[int, np.ndarray] = {}
+
+class DeclaredPrompt(array):
+    """Prompt token ids with the request row they were synthesized for (see module docstring).
+
+    Build with :func:`declared_prompt`; sglang uses it as the plain ``array('q')`` it is.
+    """
+
+    __slots__ = ("page_hashes", "session_id", "turn", "output_len", "arrival_ns")
 
 
-def fmix64(x: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer, elementwise on a uint64 array (in place; returns it)."""
-    with np.errstate(over="ignore"):
-        x ^= x >> U64(33)
-        x *= _M1
-        x ^= x >> U64(33)
-        x *= _M2
-        x ^= x >> U64(33)
-    return x
+def declared_prompt(token_ids, *, page_hashes, session_id: int = -1, turn: int = -1,
+                    output_len: int = -1, arrival_ns: int | None = None) -> DeclaredPrompt:
+    """Token ids (``array('q')`` or int64 numpy array) carrying their request row's facts.
 
-
-def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """P^j and P^-j (mod 2^64) for j < n (cached, grown geometrically)."""
-    if len(_pows["p"]) < n:
-        m = max(n, 2 * len(_pows["p"]))
-        with np.errstate(over="ignore"):
-            _pows["p"] = np.cumprod(np.concatenate([[U64(1)], np.full(m - 1, _P, U64)]), dtype=U64)
-            _pows["q"] = np.cumprod(np.concatenate([[U64(1)], np.full(m - 1, _P_INV, U64)]),
-                                    dtype=U64)
-    return _pows["p"][:n], _pows["q"][:n]
-
-
-def _multipliers(block_tokens: int) -> np.ndarray:
-    r = _mult.get(block_tokens)
-    if r is None:
-        seed = np.arange(1, block_tokens + 1, dtype=U64) * U64(0xD6E8FEB86659FD93)
-        r = _mult[block_tokens] = fmix64(seed) | U64(1)
-    return r
+    Args:
+        token_ids: the prompt's token ids.
+        page_hashes: the row's chained page hashes (uint64), recorded instead of hashing the ids.
+        session_id, turn, output_len: the row's values (-1: unknown).
+        arrival_ns: the row's arrival time on the trace clock (None: the current clock).
+    """
+    out = DeclaredPrompt("q")
+    out.frombytes(np.ascontiguousarray(token_ids, dtype=np.int64).tobytes()
+                  if not isinstance(token_ids, array) else token_ids.tobytes())
+    out.page_hashes = np.asarray(page_hashes, dtype=np.uint64)
+    out.session_id, out.turn, out.output_len = int(session_id), int(turn), int(output_len)
+    out.arrival_ns = None if arrival_ns is None else int(arrival_ns)
+    return out
 
 
 def hash_block_tokens() -> int:
@@ -85,26 +76,11 @@ def page_hashes(token_ids, block_tokens: int) -> np.ndarray | None:
         token_ids: ``array('q')``, list of ints or any int sequence numpy accepts.
         block_tokens: tokens per hash block (<= 0: no hashing).
     Returns:
-        uint64 array, one hash per full block.
+        uint64 array, one hash per full block (``tracer.schema.hashing.page_hashes_from_tokens``).
     """
     if block_tokens <= 0:
         return None
-    if type(token_ids) is list:  # sglang's origin_input_ids: fromiter is ~25 % faster
-        toks = np.fromiter(token_ids, np.int64, len(token_ids))
-    elif getattr(token_ids, "typecode", None) == "q":
-        toks = np.frombuffer(token_ids, dtype=np.int64)
-    else:
-        toks = np.asarray(token_ids, dtype=np.int64)
-    n = len(toks) // block_tokens
-    if n == 0:
-        return np.zeros(0, U64)
-    blocks = toks[: n * block_tokens].reshape(n, block_tokens).view(U64)
-    with np.errstate(over="ignore"):
-        keys = fmix64((blocks * _multipliers(block_tokens)).sum(axis=1, dtype=U64) + KEY_SALT)
-        p, q = _powers(n)
-        poly = np.cumsum(keys * q, dtype=U64) * p
-        poly += (np.arange(1, n + 1, dtype=U64) * LEN_MUL)
-    return fmix64(poly)
+    return page_hashes_from_tokens(token_ids, block_tokens)
 
 
 def _max_new(req) -> int:
@@ -115,11 +91,29 @@ def _max_new(req) -> int:
 
 
 def emit_arrival(req) -> None:
-    """One ``arrival`` row for a new ``Req``."""
+    """One ``arrival`` row for a new ``Req`` (declared values when its prompt is a DeclaredPrompt)."""
     ids = req.origin_input_ids
+    if type(ids) is DeclaredPrompt:
+        _emit_declared_arrival(req, ids)
+        return
     tracer.request(ARRIVAL, state.rid_of(req), state.session_for(getattr(req, "session_id", None)),
                    -1, len(ids), -1, _max_new(req), -1, str(req.rid),
                    page_hashes(ids, hash_block_tokens()))
+
+
+def _emit_declared_arrival(req, ids: DeclaredPrompt) -> None:
+    rec = tracer._active
+    at = ids.arrival_ns
+    manual = at is not None and rec is not None and rec.opts.clock == "manual"
+    if manual:
+        now = tracer.tick()
+        tracer.set_clock(at)
+    try:
+        tracer.request(ARRIVAL, state.rid_of(req), ids.session_id, ids.turn, len(ids), ids.output_len,
+                       _max_new(req), -1, str(req.rid), ids.page_hashes)
+    finally:
+        if manual:
+            tracer.set_clock(now)
 
 
 def emit_finish(req, rid: int) -> None:

@@ -6,6 +6,9 @@ hash prefixes get equal token prefixes and the real radix tree shares exactly th
 workload shares (and nothing else, up to a 2^-31 collision per token). Positions past the
 hashed blocks get ids unique to the request.
 
+The prompt ids carry the request's workload row to the tracer hooks (``prompt_ids``), so the
+arrival rows of a recorded run hold the workload's page hashes, not a hash of these ids.
+
 Output tokens: when the next turn of the same session extends this prompt (all full blocks
 equal), the generated tokens are the next turn's prompt tokens at the same positions, so the
 next turn can hit the KV the previous turn decoded, as it would on a real server. Otherwise
@@ -15,11 +18,10 @@ before its ``max_new_tokens``.
 
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 
-from replay.backends.sglang.workload import Workload, WorkloadRequest
+from replay.workloads.io import Workload, WorkloadRequest
+from tracer.sglang.requests import DeclaredPrompt, declared_prompt
 
 EOS_TOKEN_ID = 0  # never produced for prompts: synthesized ids are in [1, TOKEN_ID_LIMIT)
 TOKEN_ID_LIMIT = (1 << 31) - 1
@@ -94,11 +96,18 @@ class TokenSynth:
             return head
         return np.concatenate([head, unique_token_ids(req.rid, covered, length)])
 
-    def prompt_ids(self, req: WorkloadRequest) -> array:
-        """Prompt token ids (``input_len`` of them) as the ``array('q')`` sglang's Req takes."""
-        out = array("q")
-        out.frombytes(self._sequence(req, req.input_len).astype(np.int64).tobytes())
-        return out
+    def prompt_ids(self, req: WorkloadRequest) -> DeclaredPrompt:
+        """Prompt token ids (``input_len`` of them) as the ``array('q')`` sglang's Req takes.
+
+        The array is a :class:`tracer.sglang.requests.DeclaredPrompt`: it also carries the
+        request's row (page hashes, session, turn, planned output, arrival time), which the
+        tracer hooks record for its arrival instead of hashing the synthesized ids. So a
+        recorded run's request rows are the workload's rows (``workload from-trace`` gives the
+        workload back).
+        """
+        return declared_prompt(self._sequence(req, req.input_len), page_hashes=req.page_hashes,
+                               session_id=req.session_id, turn=req.turn, output_len=req.output_len,
+                               arrival_ns=req.arrival_ns)
 
     def output_ids(self, req: WorkloadRequest) -> list[int]:
         """The ``output_len`` tokens the request will generate, in order."""
