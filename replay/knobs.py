@@ -16,7 +16,8 @@ Presets are named sets of knob values applied over a base (the trace's recorded 
   ``max(W, ps)`` boundary), i.e. bytedance-iaas/sglang#659;
 - ``baseline``: every pre-fix behaviour;
 - one single-knob step per fix in each direction: ``baseline+<value>`` (baseline with one fix)
-  and ``swa-fixes-<value>`` (swa-fixes with one fix reverted, named by the pre-fix value), so a
+  and ``swa-fixes-<value>`` (swa-fixes without the fix named by its fixed value, e.g.
+  ``swa-fixes-lazy_merge`` runs eager_cat), so a
   gain can be attributed to one change;
 - ``eic``: ``swa-fixes`` with ``prefix_ownership=eic_release_protected_prefix`` (the fork's EIC
   rule; only the reference backend expresses it).
@@ -28,10 +29,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from replay.errors import KvtraceError
+
 BACKENDS = ("sglang", "reference")
 
 
-class KnobError(ValueError):
+class KnobError(KvtraceError, ValueError):
     """A bad knob name or value, a bad preset, or a value a backend cannot express."""
 
 
@@ -211,7 +214,7 @@ def _build_presets() -> dict[str, dict[str, object]]:
     presets: dict[str, dict[str, object]] = {"recorded": {}, "baseline": baseline, "swa-fixes": fixed}
     for knob, (pre, post) in FIXES.items():
         presets[f"baseline+{post}"] = baseline | {knob: post}
-        presets[f"swa-fixes-{pre}"] = fixed | {knob: pre}
+        presets[f"swa-fixes-{post}"] = fixed | {knob: pre}
     presets["eic"] = fixed | {"prefix_ownership": "eic_release_protected_prefix"}
     return presets
 
@@ -327,7 +330,7 @@ def recorded_settings(manifest: dict) -> dict[str, object]:
     """Knob values a trace's manifest records (``server`` block, then ``settings`` of a run).
 
     Values that do not parse are ignored (they then count as assumed). A run's manifest holds
-    every knob under ``kvtrace.settings``, so replaying a run under ``recorded`` repeats it.
+    every knob under ``run.settings``, so replaying a run under ``recorded`` repeats it.
     """
     out: dict[str, object] = {}
     server = manifest.get("server") or {}
@@ -341,7 +344,7 @@ def recorded_settings(manifest: dict) -> dict[str, object]:
             continue
     if out.get("host_pool_tokens", 0) == 0:
         out.pop("hicache_write_policy", None)
-    run = (manifest.get("kvtrace") or {}).get("settings") or {}
+    run = (manifest.get("run") or {}).get("settings") or {}
     for name, raw in run.items():
         if name in KNOB_BY_NAME:
             try:

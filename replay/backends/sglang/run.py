@@ -1,0 +1,167 @@
+"""One recorded run of the real-code backend: a workload through the real sglang classes with the
+tracer hooks on, written as a schema-v1 trace (what ``kvtrace replay`` and ``sweep`` produce).
+
+:func:`record_run` is the backend half of :func:`replay.runs.replay_run`: it owns the tracer
+(start, hooks, stop), the loop and the per-request timing the summary needs (arrival, first
+admission, first token, finish on the virtual clock). Everything the real code does reaches the
+trace through the hooks; the loop itself writes only the finish rows of requests it refuses
+without KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Callable
+
+from replay.backends.sglang.loop import RunResult, SglangBackend, StepRecord
+from replay.backends.sglang.settings import SglangSettings
+from replay.backends.sglang.workload import Workload
+
+
+@dataclass
+class RequestTimes:
+    """Virtual-clock times of one request (ns; -1 when it never got there)."""
+
+    arrival_ns: int
+    scheduled_ns: int = -1
+    first_token_ns: int = -1
+    finish_ns: int = -1
+    reason: str = ""
+
+
+@dataclass
+class RecordedRun:
+    """What :func:`record_run` returns: the loop's result, per-request times, measured CPU."""
+
+    result: RunResult
+    times: dict[int, RequestTimes]
+    sched_cpu_ns: int
+    wall_ns: int
+    first_arrival_ns: int
+    patches: list[dict] = field(default_factory=list)
+    hook_failures: dict = field(default_factory=dict)
+    sglang_version: str = ""
+
+
+class _Observer:
+    """Moves the trace clock with the loop, writes finish rows no real method writes, and notes
+    each request's admission, first token and finish on the virtual clock."""
+
+    def __init__(self, on_progress: Callable[[int, int], None] | None) -> None:
+        import tracer
+
+        self._set_clock = tracer.set_clock
+        self.times: dict[str, RequestTimes] = {}
+        self.sched_cpu_ns = 0
+        self.on_progress = on_progress
+        self.done = 0
+
+    def on_step_begin(self, clock_ns: int) -> None:
+        self._set_clock(clock_ns)
+
+    def on_arrival(self, wreq, clock_ns: int) -> None:
+        self.times[str(wreq.rid)] = RequestTimes(wreq.arrival_ns)
+
+    def on_finish(self, wreq, req, clock_ns: int, reason: str) -> None:
+        if reason in ("too_long", "unschedulable"):
+            from tracer.sglang import requests, state
+
+            requests.emit_finish(req, state.rid_of(req))
+        t = self.times[str(wreq.rid)]
+        t.finish_ns, t.reason = clock_ns, reason
+        self.done += 1
+
+    def on_step(self, step: StepRecord, backend: SglangBackend) -> None:
+        self.sched_cpu_ns += step.cpu_ns
+        if step.mode == "prefill":
+            start = step.clock_ns - step.step_ns
+            times = self.times
+            for req in backend.last_batch.reqs:
+                t = times[req.rid]
+                if t.scheduled_ns < 0:
+                    t.scheduled_ns = start
+                if t.first_token_ns < 0 and req.output_ids:
+                    t.first_token_ns = step.clock_ns
+        if self.on_progress is not None:
+            self.on_progress(self.done, step.clock_ns)
+
+
+def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *, detail: str = "counts",
+               manifest_extra: dict | None = None, on_progress: Callable[[int, int], None] | None = None,
+               flush_interval_ms: int = 1000, check_integrity_every: int = 0) -> RecordedRun:
+    """Run ``workload`` through the real classes under ``settings`` and record the trace at ``out``.
+
+    Args:
+        workload: arrivals to serve.
+        settings: resolved backend settings.
+        out: trace directory to create (must not hold a trace).
+        detail: recorder detail (``counts`` or ``pages``).
+        manifest_extra: keys merged into the trace's manifest (e.g. the run's ``kvtrace`` block).
+        on_progress: called after every step with (requests completed, virtual clock ns).
+        flush_interval_ms: recorder flush interval.
+        check_integrity_every: check the occupancy identity every N steps (0 = never).
+    Returns:
+        :class:`RecordedRun`.
+    Raises:
+        ValueError: ``out`` already holds a trace.
+    """
+    from replay.backends.sglang.env import bootstrap
+    from replay.backends.sglang.patches import PATCHES
+
+    out = Path(out)
+    if (out / "manifest.json").exists():
+        raise ValueError(f"{out} already holds a trace; choose a new --out")
+    info = bootstrap()
+
+    import tracer
+    import tracer.sglang
+    from tracer.sglang import state as hook_state
+
+    installed_here = not tracer.sglang.is_installed()
+    tracer.sglang.install()
+    cadence = tracer.sglang.configure()
+    tracer.sglang.configure(stats_interval_ms=0)  # a stats row at every changed step
+    hook_state.new_trace()
+    t0 = perf_counter_ns()
+    try:
+        env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
+        tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
+                     hash_block_tokens=workload.hash_block_tokens, env=env, detail=detail,
+                     flush_interval_ms=flush_interval_ms, clock="manual")
+        observer = _Observer(on_progress)
+        ok = False
+        try:
+            with SglangBackend(workload, settings, observer=observer, debug_memory_pool=False,
+                               check_integrity_every=check_integrity_every) as be:
+                result = be.run()
+            ok = True
+        finally:
+            tracer.stop() if ok else _stop_crashed(tracer)
+    finally:
+        failures = dict(tracer.sglang.failures)
+        tracer.sglang.configure(**cadence)
+        if installed_here:
+            tracer.sglang.uninstall()
+    wall_ns = perf_counter_ns() - t0
+    if manifest_extra:
+        from tracer.schema.manifest import update_manifest
+
+        update_manifest(out, lambda m: m.update(manifest_extra))
+    applied = [p.__dict__ for p in PATCHES if getattr(settings, p.setting) == p.value]
+    times = {int(k): v for k, v in observer.times.items()}
+    first = min((w.arrival_ns for w in workload.requests), default=0)
+    return RecordedRun(result=result, times=times, sched_cpu_ns=observer.sched_cpu_ns, wall_ns=wall_ns,
+                       first_arrival_ns=first, patches=applied, hook_failures=failures,
+                       sglang_version=info.sglang_version)
+
+
+def _stop_crashed(tracer) -> None:
+    try:
+        tracer.stop("crashed")
+    except TypeError:  # a tracer without end states
+        tracer.stop()
+
+
+__all__ = ["RecordedRun", "RequestTimes", "record_run"]

@@ -1,0 +1,47 @@
+"""``kvtrace replay``: thin wrapper over :func:`replay.runs.replay_run`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("replay")
+@click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
+@click.option("--policy", default="recorded", show_default=True,
+              help="Preset (see `kvtrace policies`): recorded, baseline, swa-fixes, baseline+<fix>, "
+                   "swa-fixes-<pre-fix value>, eic.")
+@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE",
+              help="Override a knob over the preset (repeatable), e.g. --set full_pool_tokens=65536.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run directory to create.")
+@click.option("--backend", default="sglang", show_default=True, type=click.Choice(["sglang", "reference"]),
+              help="sglang: the real sglang 0.5.23 classes on CPU.")
+@click.option("--detail", type=click.Choice(["counts", "pages"]), default="counts", show_default=True,
+              help="pages: the run's pool rows also carry page ids.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json as one JSON object.")
+def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backend: str, detail: str,
+               quiet: bool, as_json: bool) -> None:
+    """Replay the requests of TRACE_OR_WORKLOAD under a policy; write the run to OUT.
+
+    A run is a trace written by the hooks on the real code plus summary.json (occupancy, hits,
+    TTFT, host allocator CPU, ...); `kvtrace compare` and every analysis read it.
+    """
+    from replay.runs import replay_run
+
+    s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
+                   progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(s.to_dict(), default=str))
+        return
+    click.echo(f"run {out}: policy {policy}, {s.finished}/{s.requests} finished, {s.retractions} retractions, "
+               f"{s.sim_s:,.1f} s simulated in {s.wall_s:,.1f} s ({s.sim_s_per_wall_s:,.1f}x)")
+    click.echo(f"  peak swa {s.peak_swa_used:,}  mean swa {s.mean_swa_used:,.0f}  "
+               f"swa slope {s.swa_used_slope_tokens_per_hour:,.0f} tok/h  peak full {s.peak_full_used:,}")
+    click.echo(f"  prefix hit {s.prefix_hit_ratio:.3f}  host hit {s.host_hit_ratio:.3f}  "
+               f"ttft p50/p99 {s.ttft_p50_ms:,.1f}/{s.ttft_p99_ms:,.1f} ms  queue p99 {s.queue_p99_ms:,.1f} ms")
+    click.echo(f"  host alloc/free cpu {s.host_alloc_cpu_ns / 1e6:,.2f}/{s.host_free_cpu_ns / 1e6:,.2f} ms  "
+               f"sched cpu {s.sched_cpu_ns / 1e9:,.2f} s")
+    if s.assumed:
+        click.echo(f"  assumed (not in the source's manifest): {', '.join(s.assumed)}")

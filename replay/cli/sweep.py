@@ -1,0 +1,45 @@
+"""``kvtrace sweep``: thin wrapper over :func:`replay.runs.sweep.sweep`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("sweep")
+@click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
+@click.option("--policies", required=True, help="Comma-separated presets, e.g. baseline,swa-fixes.")
+@click.option("--grid", multiple=True, metavar="KNOB=V1,V2",
+              help="Knob values to cross with the policies (repeatable), e.g. --grid full_pool_tokens=65536,131072.")
+@click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Override applied to every run.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Sweep directory (re-running resumes: completed runs are skipped).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Runs at a time.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: a process per run; ray: Ray tasks (RAY_ADDRESS or a local Ray).")
+@click.option("--backend", default="sglang", show_default=True, type=click.Choice(["sglang", "reference"]))
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the runs and their status).")
+def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str, ...], out: str, jobs: int,
+              executor: str, backend: str, quiet: bool, as_json: bool) -> None:
+    """Replay TRACE_OR_WORKLOAD under every policy x grid point, each run in its own process.
+
+    Layout: OUT/policy=<p>/<knob>=<v>/ (one run each) and OUT/summary.parquet (one row per run).
+    A failed run is reported and does not stop the others; the exit status is then 1.
+    """
+    from replay.runs.sweep import sweep
+
+    df = sweep(source, out, policies=policies.split(","), grid=grid, sets=sets, jobs=jobs, executor=executor,
+               backend=backend, progress=not (quiet or as_json))
+    failed = df.filter(df["status"] != "ok")
+    if as_json:
+        click.echo(json.dumps({"out": out, "runs": df.select("run", "status", "error").to_dicts(),
+                               "failed": failed.height}, default=str))
+    else:
+        click.echo(f"sweep {out}: {df.height - failed.height}/{df.height} runs complete "
+                   f"(summary.parquet); compare with: kvtrace compare {out}")
+        for row in failed.iter_rows(named=True):
+            click.echo(f"failed {row['run']}: {row['error']}", err=True)
+    if failed.height:
+        raise SystemExit(1)

@@ -1,0 +1,113 @@
+"""``compare``: runs side by side, policies as rows, the summary figures as columns, and each
+figure's change against a base policy (at the same grid point)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from replay.runs.replay import SUMMARY_FILE, RunError, read_summary
+
+#: the figures ``compare`` shows, in order (``summary.json`` keys)
+FIGURES = ("requests", "finished", "peak_full_used", "peak_swa_used", "mean_swa_used",
+           "swa_used_slope_tokens_per_hour", "prefix_hit_ratio", "host_hit_ratio", "ttft_p50_ms",
+           "ttft_p99_ms", "queue_p99_ms", "throughput_tokens_per_s", "retractions", "swa_evicted_tokens",
+           "host_alloc_cpu_ns", "host_free_cpu_ns", "sched_cpu_ns", "sim_s", "wall_s")
+
+
+def find_runs(path: str | Path) -> list[Path]:
+    """Run directories under ``path`` (itself a run, or a sweep/any folder of runs), sorted."""
+    root = Path(path)
+    if not root.is_dir():
+        raise RunError(f"{root}: not a directory; expected a run (kvtrace replay --out) or a sweep")
+    if (root / SUMMARY_FILE).is_file():
+        return [root]
+    runs = sorted(p.parent for p in root.rglob(SUMMARY_FILE) if ".partial" not in p.parts)
+    if not runs:
+        raise RunError(f"{root}: no {SUMMARY_FILE} below it; expected runs of kvtrace replay or sweep")
+    return runs
+
+
+def compare(path, *, base: str | None = None):
+    """The comparison table of the runs under ``path`` (or a list of run directories).
+
+    Args:
+        path: a sweep directory, a run, or a list of run directories.
+        base: policy to take deltas against (default: ``baseline`` if present, else the first).
+    Returns:
+        polars DataFrame: one row per run with ``policy``, grid columns, every figure of
+        :data:`FIGURES`, and ``<figure>_delta`` / ``<figure>_delta_pct`` against the base run at the
+        same grid point.
+    Raises:
+        RunError: no runs, or ``base`` is not among their policies.
+    """
+    import polars as pl
+
+    dirs = [Path(p) for p in path] if isinstance(path, (list, tuple)) else find_runs(path)
+    roots = Path(path) if not isinstance(path, (list, tuple)) else None
+    rows = []
+    for d in dirs:
+        s = read_summary(d)
+        grid = _grid_of(d, roots)
+        rows.append({"run": str(d), "policy": s.policy} | grid | {f: getattr(s, f) for f in FIGURES})
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    policies = df["policy"].unique(maintain_order=True).to_list()
+    base = base or ("baseline" if "baseline" in policies else policies[0])
+    if base not in policies:
+        raise RunError(f"base policy {base!r} is not among the runs' policies: {', '.join(policies)}")
+    keys = [c for c in df.columns if c not in ("run", "policy") and c not in FIGURES]
+    base_df = df.filter(pl.col("policy") == base).select(keys + list(FIGURES))
+    base_df = base_df.rename({f: f"{f}__base" for f in FIGURES})
+    joined = df.join(base_df, on=keys, how="left") if keys else df.join(base_df, how="cross")
+    deltas = []
+    for f in FIGURES:
+        b = pl.col(f"{f}__base")
+        deltas.append((pl.col(f) - b).alias(f"{f}_delta"))
+        deltas.append(pl.when(b != 0).then((pl.col(f) - b) / b.abs() * 100).otherwise(None)
+                      .round(2).alias(f"{f}_delta_pct"))
+    out = joined.with_columns(deltas).drop([f"{f}__base" for f in FIGURES])
+    order = {p: i for i, p in enumerate([base] + [p for p in policies if p != base])}
+    return (out.with_columns(pl.col("policy").replace_strict(order, return_dtype=pl.Int64).alias("__o"))
+            .sort(["__o"] + keys).drop("__o"))
+
+
+def _grid_of(run: Path, root: Path | None) -> dict:
+    if root is None:
+        return {}
+    try:
+        rel = run.relative_to(root)
+    except ValueError:
+        return {}
+    return {k: v for k, _, v in (part.partition("=") for part in rel.parts[1:]) if v}
+
+
+def format_table(df, *, figures=None, base: str | None = None) -> str:
+    """A plain-text table (policies as rows; each figure with its delta % against the base)."""
+    figures = figures or ("finished", "peak_swa_used", "mean_swa_used", "swa_used_slope_tokens_per_hour",
+                          "prefix_hit_ratio", "host_hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "queue_p99_ms",
+                          "throughput_tokens_per_s", "retractions", "swa_evicted_tokens", "host_free_cpu_ns",
+                          "sched_cpu_ns")
+    keys = [c for c in df.columns if c not in ("run", "policy") and c not in FIGURES
+            and not c.endswith(("_delta", "_delta_pct"))]
+    header = ["policy"] + keys + list(figures)
+    lines = []
+    for row in df.iter_rows(named=True):
+        cells = [row["policy"]] + [str(row[k]) for k in keys]
+        for f in figures:
+            v, pct = row[f], row.get(f"{f}_delta_pct")
+            text = _num(v)
+            if pct is not None and pct != 0:
+                text += f" ({pct:+.1f}%)"
+            cells.append(text)
+        lines.append(cells)
+    widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(header)]
+    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
+
+
+def _num(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4f}" if abs(v) < 10 else f"{v:,.1f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+__all__ = ["FIGURES", "compare", "find_runs", "format_table"]

@@ -1,0 +1,247 @@
+"""``sweep``: the cross product of policies and a grid of knob values, each run in its own process.
+
+Layout (hive-style, so DuckDB/Polars read the tree with partition columns)::
+
+    RUNS/policy=<p>/<k1>=<v1>/<k2>=<v2>/   one run each (a trace plus summary.json)
+    RUNS/summary.parquet                  one row per run: policy, grid values, figures, status
+    RUNS/sweep.json                       the sweep's source, policies, grid, backend
+
+Each run writes into ``RUNS/.partial/<id>/`` and is renamed into place when it completes, so a
+run directory exists only when complete. Re-running the same sweep skips completed runs and
+redoes interrupted ones (their partial directories are ours to remove). A failed run is reported
+in ``summary.parquet`` (``status=failed`` and the error) and does not stop the others; its partial
+directory stays for inspection until the sweep is run again.
+
+Every run is its own process (patches are per process): a ``spawn`` process pool that gives each
+worker one run (``--executor local``), or Ray tasks with ``max_calls=1`` (``--executor ray``, a
+cluster address from ``RAY_ADDRESS`` or a local Ray).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from replay import knobs
+from replay.runs.replay import SUMMARY_FILE, RunError, read_summary, resolve_settings
+
+PARTIAL_DIR = ".partial"
+SWEEP_FILE = "sweep.json"
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a sweep: its policy, grid values and directory (relative to the sweep root)."""
+
+    policy: str
+    grid: tuple[tuple[str, object], ...]
+
+    @property
+    def rel_dir(self) -> Path:
+        parts = [f"policy={self.policy}"] + [f"{k}={_fmt(v)}" for k, v in self.grid]
+        return Path(*parts)
+
+    @property
+    def key(self) -> str:
+        return str(self.rel_dir).replace(os.sep, "/")
+
+
+def _fmt(v: object) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def parse_grid(items) -> list[tuple[str, list[object]]]:
+    """``k=v1,v2`` strings -> [(knob, [values])], each value checked against the knob table."""
+    grid: list[tuple[str, list[object]]] = []
+    for item in items:
+        key, sep, raw = str(item).partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not raw:
+            raise RunError(f"--grid {item!r}: expected knob=v1,v2,...")
+        try:
+            k = knobs.knob(key)
+            values = [k.parse(v) for v in raw.split(",") if v.strip()]
+        except knobs.KnobError as e:
+            raise RunError(str(e)) from None
+        if any(key == g for g, _ in grid):
+            raise RunError(f"--grid {key} given twice")
+        grid.append((key, values))
+    return grid
+
+
+def plan(policies, grid) -> list[RunSpec]:
+    """The cross product of ``policies`` and the grid, in a stable order."""
+    names = [g for g, _ in grid]
+    combos = itertools.product(*[vals for _, vals in grid]) if grid else [()]
+    combos = list(combos)
+    return [RunSpec(p, tuple(zip(names, c))) for p in policies for c in combos]
+
+
+def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, detail: str) -> dict:
+    """Worker body (a fresh process): run ``spec`` into a partial dir, then move it into place."""
+    from replay.runs.replay import replay_run
+
+    final = Path(root) / spec.rel_dir
+    partial = Path(root) / PARTIAL_DIR / f"{spec.key.replace('/', '__')}"
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    overrides = dict(knobs.parse_sets(sets)) | dict(spec.grid)
+    try:
+        summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail)
+    except BaseException as e:  # reported as a failed run; the others go on
+        msg = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
+        return {"run": spec.key, "status": "failed", "error": msg, "traceback": traceback.format_exc(limit=8)}
+    data = summary.to_dict() | {"run": str(final)}
+    (partial / SUMMARY_FILE).write_text(json.dumps(data, indent=1, default=str))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(partial, final)
+    return {"run": spec.key, "status": "ok"}
+
+
+def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jobs: int = 1,
+          executor: str = "local", backend: str = "sglang", detail: str = "counts",
+          progress: bool = False):
+    """Run every (policy, grid point) over ``source`` into ``out``; returns the summary table.
+
+    Args:
+        source: trace or workload directory.
+        out: sweep directory (created; an existing sweep of the same source is resumed).
+        policies: preset names.
+        grid: ``k=v1,v2`` strings or ``[(knob, [values])]``.
+        sets: ``key=value`` overrides applied to every run (before the grid values).
+        jobs: runs at a time.
+        executor: ``local`` (process pool) or ``ray``.
+        backend: replay backend.
+        detail: recorder detail of each run.
+        progress: a bar over runs on stderr.
+    Returns:
+        polars DataFrame of ``out/summary.parquet`` (one row per run).
+    Raises:
+        RunError: bad policy, knob, value, backend or executor; ``out`` holds a different sweep.
+    """
+    source, out = Path(source), Path(out)
+    if executor not in EXECUTORS:
+        raise RunError(f"unknown executor {executor!r}; known: {', '.join(EXECUTORS)}")
+    if jobs < 1:
+        raise RunError(f"--jobs {jobs}: expected a positive number")
+    policies = [p.strip() for p in policies if p.strip()]
+    if not policies:
+        raise RunError("no policies given; e.g. --policies baseline,swa-fixes (see kvtrace policies)")
+    grid = grid if grid and isinstance(grid[0], tuple) and isinstance(grid[0][1], list) else parse_grid(grid)
+    specs = plan(policies, grid)
+    for spec in specs:  # fail fast on a bad combination before any process starts
+        resolve_settings(source, spec.policy, dict(knobs.parse_sets(sets)) | dict(spec.grid), backend)
+    _claim(out, source, policies, grid, sets, backend)
+    todo = [s for s in specs if not (out / s.rel_dir / SUMMARY_FILE).is_file()]
+    shutil.rmtree(out / PARTIAL_DIR, ignore_errors=True)
+    results = {s.key: {"run": s.key, "status": "ok"} for s in specs if s not in todo}
+    args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
+    runner = _run_local if executor == "local" else _run_ray
+    bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
+    for res in runner(args, jobs):
+        results[res["run"]] = res
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    return _write_table(out, specs, results, grid)
+
+
+def _claim(out: Path, source: Path, policies, grid, sets, backend: str) -> None:
+    meta = {"source": str(source), "backend": backend, "grid": {k: [_fmt(v) for v in vs] for k, vs in grid},
+            "sets": list(sets)}
+    path = out / SWEEP_FILE
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old.get("source") != meta["source"] or old.get("backend") != backend:
+            raise RunError(f"{out} holds a sweep of {old.get('source')} ({old.get('backend')}); "
+                           f"choose a new --out for {source} ({backend})")
+        meta["policies"] = list(dict.fromkeys(list(old.get("policies", [])) + list(policies)))
+    else:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise RunError(f"{out}: exists, is not empty and holds no sweep ({SWEEP_FILE}); choose a new --out")
+        meta["policies"] = list(policies)
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(meta, indent=1))
+
+
+def _run_local(args, jobs: int):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(args))), mp_context=ctx,
+                             max_tasks_per_child=1) as pool:
+        futures = {pool.submit(_run_one, *a): a[2] for a in args}
+        for fut in as_completed(futures):
+            spec = futures[fut]
+            try:
+                yield fut.result()
+            except BaseException as e:  # the worker process died (killed, out of memory)
+                yield {"run": spec.key, "status": "failed", "error": f"worker died: {type(e).__name__}: {e}"}
+
+
+def _run_ray(args, jobs: int):
+    try:
+        import ray
+    except ImportError:
+        raise RunError("--executor ray needs Ray: pip install 'kvtrace[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        ray.init(address=address, num_cpus=None if address else jobs, include_dashboard=False,
+                 log_to_driver=False, ignore_reinit_error=True,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}} if not address else None)
+        started = True
+    task = ray.remote(num_cpus=1, max_calls=1)(_run_one)
+    try:
+        pending = {task.remote(*a): a[2] for a in args}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            ref = done[0]
+            spec = pending.pop(ref)
+            try:
+                yield ray.get(ref)
+            except Exception as e:
+                yield {"run": spec.key, "status": "failed", "error": f"ray task failed: {type(e).__name__}: {e}"}
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _bar(total: int, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="run", desc="sweep", leave=False, disable=None,
+                file=sys.stderr)
+
+
+def _write_table(out: Path, specs, results: dict, grid):
+    import polars as pl
+
+    rows = []
+    for s in specs:
+        res = results.get(s.key, {"status": "failed", "error": "not run"})
+        row = {"run": s.key, "policy": s.policy} | {k: _fmt(v) for k, v in s.grid}
+        row |= {"status": res["status"], "error": res.get("error", "")}
+        if res["status"] == "ok":
+            summary = read_summary(out / s.rel_dir).to_dict()
+            row |= {k: v for k, v in summary.items() if not isinstance(v, (dict, list))
+                    and k not in ("policy", "run")}
+        rows.append(row)
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    tmp = out / f".summary.parquet.tmp-{os.getpid()}"
+    df.write_parquet(tmp)
+    os.replace(tmp, out / "summary.parquet")
+    return df
+
+
+__all__ = ["EXECUTORS", "RunSpec", "parse_grid", "plan", "sweep"]
