@@ -16,7 +16,11 @@ run's summary.
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
+
+from replay.errors import DataLostError, Interrupted, KvtraceError
 
 BACKENDS = ("sglang",)
 
@@ -64,20 +68,30 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     Returns:
         the ``backend.json`` object: settings, patches, run summary, hook failures, trace path.
     Raises:
-        ValueError: unknown backend, bad setting (the message lists the valid keys), or ``out``
-            already holds a trace.
+        KvtraceError: unknown backend, bad setting (the message lists the valid keys), ``out``
+            not a new or empty directory, a bad workload, or every request aborted.
+        Interrupted: SIGINT (or SIGTERM inside ``signals_as_interrupts``); the trace is kept,
+            its rank file says interrupted.
+        DataLostError: the recording failed (disk full, ...) or backend.json could not be written.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+        raise KvtraceError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     from replay.backends.sglang import SglangBackend, load_workload, parse_overrides
     from replay.backends.sglang.env import bootstrap
     from replay.backends.sglang.patches import PATCHES
 
-    settings = parse_overrides(overrides)
+    try:
+        settings = parse_overrides(overrides)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise KvtraceError(f"--set: {e}") from None
+    _check_settings(settings)
     out = Path(out)
-    if (out / "manifest.json").exists():
-        raise ValueError(f"{out} already holds a trace; choose a new --out")
-    wl = load_workload(workload)
+    check_out_dir(out, "--out")
+    _validate_workload(workload)
+    try:
+        wl = load_workload(workload)
+    except (ValueError, OverflowError) as e:
+        raise KvtraceError(f"--workload {workload}: {e}") from None
     info = bootstrap()
 
     import tracer
@@ -98,11 +112,13 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
 
         bar = tqdm(total=len(wl.requests), unit="req", desc="record", leave=False, disable=None,
                    mininterval=0.5)
+    result, rec, ended = None, None, "crashed"
     try:
         env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
-        tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
-                     hash_block_tokens=wl.hash_block_tokens, env=env, detail=detail,
-                     flush_interval_ms=flush_interval_ms, clock="manual")
+        rec = tracer.start(out, source="sglang-backend",
+                           server=settings.server(sglang_version=info.sglang_version),
+                           hash_block_tokens=wl.hash_block_tokens, env=env, detail=detail,
+                           flush_interval_ms=flush_interval_ms, clock="manual")
         from replay.backends.sglang.incidents import apply_incident
 
         try:
@@ -110,8 +126,18 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
                                check_integrity_every=check_integrity_every) as be, \
                     apply_incident(incident, incident_every) as planted:
                 result = be.run(on_progress=bar.update if bar is not None else None)
+            ended = "complete"
+        except KeyboardInterrupt:  # SIGINT, or SIGTERM through ``signals_as_interrupts``
+            ended = "interrupted"
+            raise
         finally:
-            tracer.stop()
+            tracer.stop(ended)
+    except KeyboardInterrupt as e:
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        done = bar.n if bar is not None else None
+        raise Interrupted(sig, f"{out}: recording interrupted by {sig}"
+                          + (f" after {done} of {len(wl.requests)} requests" if done is not None else "")
+                          + "; what was recorded is kept and its rank file says interrupted") from None
     finally:
         if bar is not None:
             bar.close()
@@ -123,8 +149,85 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     summary = {"trace": str(out), "workload": str(workload), "backend": backend,
                "sglang_version": info.sglang_version, "settings": settings.to_dict(),
                "patches": applied, "host_copy_noops": list(info.noops), "stubbed": list(info.stubbed),
-               "hook_failures": failures, "result": result.__dict__}
+               "hook_failures": failures, "result": result.__dict__,
+               "end_state": "crashed" if rec is not None and rec.failed else "complete"}
     if incident:
         summary["incident"] = {"name": incident, "every": incident_every, **planted}
-    (out / "backend.json").write_text(json.dumps(summary, indent=1, default=str))
+    try:
+        _write_json_atomic(out / "backend.json", summary)
+    except OSError as e:
+        raise DataLostError(f"{out / 'backend.json'}: could not write the run summary ({e.strerror or e})"
+                            + ("" if rec is None or not rec.failed else f"; the recording failed too: {rec.failed}")
+                            ) from None
+    if rec is not None and rec.failed:
+        raise DataLostError(f"{out}: the recording failed ({rec.failed}); the events it could not write "
+                            "are counted in the drops family and its rank file says crashed "
+                            "(see `kvtrace inspect --strict`)")
+    if result.num_requests and not result.num_finished:
+        raise KvtraceError(f"--workload {workload}: all {result.num_requests} requests were aborted "
+                           f"({result.num_aborted} too long or unschedulable with these settings); "
+                           "expected pools and limits that can serve at least one request (see "
+                           f"{out / 'backend.json'})")
     return summary
+
+
+def check_out_dir(out: Path, option: str) -> None:
+    """Refuse an output directory that cannot be written or would mix with other files.
+
+    Raises KvtraceError: a parent is a file, ``out`` is a file, holds a trace already, or is a
+    non-empty directory that is not a trace."""
+    for parent in [out, *out.parents]:
+        if parent.exists() and not parent.is_dir():
+            what = "is" if parent == out else f"(a parent of {out}) is"
+            raise KvtraceError(f"{option} {out}: {parent} {what} a file; expected a directory path")
+    if out.is_dir() and any(out.iterdir()):
+        if (out / "manifest.json").exists():
+            raise KvtraceError(f"{option} {out}: already holds a trace; expected a new directory")
+        raise KvtraceError(f"{option} {out}: is a non-empty directory that is not a kvtrace trace; "
+                           "expected a new or empty directory")
+
+
+def _check_settings(settings) -> None:
+    if settings.has_swa and settings.sliding_window_tokens > settings.swa_tokens:
+        raise KvtraceError(f"--set sliding_window_tokens={settings.sliding_window_tokens}: larger than the "
+                           f"SWA pool ({settings.swa_tokens} tokens); expected a window that fits the "
+                           "pool (raise swa_pool_tokens / swa_full_tokens_ratio)")
+
+
+def _validate_workload(workload) -> None:
+    """The shared workload validation (schema version, manifest, columns) before the backend's
+    own loader reads it."""
+    from replay.workloads.io import read_workload
+
+    read_workload(workload)
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(obj, indent=1, default=str))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def signals_as_interrupts():
+    """While active (main thread only), SIGTERM raises KeyboardInterrupt("SIGTERM") like SIGINT
+    does, so ``record_workload`` stops the recorder cleanly and marks the trace interrupted."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, _frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

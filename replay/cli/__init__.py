@@ -58,7 +58,8 @@ def _describe(e: BaseException) -> tuple[int, str]:
     if isinstance(e, KvtraceError):
         return e.exit_code, str(e)
     if isinstance(e, KeyboardInterrupt):
-        return Interrupted("SIGINT").exit_code, "interrupted by SIGINT"
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        return Interrupted(sig).exit_code, f"interrupted by {sig}"
     if isinstance(e, SchemaError):
         return EXIT_REFUSED, str(e)
     if isinstance(e, OSError):  # disk full, permission, not a directory, missing file, ...

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from replay.record import BACKENDS, record_workload
+from replay.errors import KvtraceError
+from replay.record import BACKENDS, record_workload, signals_as_interrupts
 
 
 @click.command("record")
@@ -25,10 +26,13 @@ def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], de
            check_every: int, as_json: bool) -> None:
     """Run WORKLOAD through the real-code BACKEND with the tracer hooks on; write the trace to OUT."""
     try:
-        summary = record_workload(workload, out, backend=backend, overrides=overrides, detail=detail,
-                                  progress=not as_json, check_integrity_every=check_every)
-    except (ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from None
+        with signals_as_interrupts():  # SIGTERM stops the recorder cleanly, like SIGINT
+            summary = record_workload(workload, out, backend=backend, overrides=overrides, detail=detail,
+                                      progress=not as_json, check_integrity_every=check_every)
+    except KvtraceError:
+        raise
+    except ValueError as e:  # a setting the backend refused
+        raise KvtraceError(str(e)) from None
     if as_json:
         click.echo(json.dumps(summary, default=str))
         return
