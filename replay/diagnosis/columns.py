@@ -25,7 +25,10 @@ class DiagnosisError(KvtraceError):
 def codes(col: pa.ChunkedArray | pa.Array, enum_type) -> np.ndarray:
     """Integer codes of a stored enum column (dictionary strings or raw codes)."""
     if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if col.num_chunks != 1:  # segments may carry different dictionaries: convert each
+            parts = [codes(c, enum_type) for c in col.chunks]
+            return np.concatenate(parts) if parts else np.zeros(0, np.int16)
+        col = col.chunk(0)
     if pa.types.is_dictionary(col.type):
         names = col.dictionary.to_pylist()
         lut = np.array([_code(enum_type, n) for n in names] or [0], dtype=np.int16)
@@ -129,12 +132,21 @@ def load_requests(tr, rank: int) -> dict[str, np.ndarray]:
 
 
 def _read(tr, family: str, rank: int, columns: list[str]) -> pa.Table:
-    t = tr.table(family, rank)
-    missing = [c for c in columns if c not in t.column_names]
-    if missing:
-        raise DiagnosisError(f"{tr.path}/{family}: missing columns {missing}; expected schema-v1 "
-                             f"{family} columns")
-    return t.select(columns)
+    """Only ``columns`` of the family's segments of ``rank`` (page ids are read only when asked)."""
+    import pyarrow.parquet as pq
+
+    segs = [s for s in tr.segments if s.family == family and s.rank == rank]
+    if not segs:
+        return tr.table(family, rank).select(columns)
+    parts = []
+    for s in segs:
+        names = pq.ParquetFile(s.path).schema_arrow.names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise DiagnosisError(f"{s.path}: missing columns {missing}; expected schema-v1 "
+                                 f"{family} columns")
+        parts.append(pq.read_table(s.path, columns=columns))
+    return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
 
 def list_offsets(ids: pa.ListArray) -> tuple[np.ndarray, np.ndarray]:

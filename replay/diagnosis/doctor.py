@@ -54,7 +54,7 @@ RECOMMENDATIONS = {
     "unfinished_insert_without_release": {
         "knobs": ["swa_out_of_window_release=decode_and_unfinished_insert",
                   "swa_free_out_of_window_at_insert=true"],
-        "sets": ["swa_free_out_of_window_at_insert=true"],
+        "sets": ["swa_out_of_window_release=decode_and_unfinished_insert"],
         "text": "free out-of-window SWA when a chunk of an unfinished request is inserted (#27402)"},
     "all_tombstone_last_leaf": {
         "knobs": ["swa_release_boundary=max_window_page"], "sets": ["swa_release_boundary=max_window_page"],

@@ -47,7 +47,7 @@ def test_recommendations_name_knobs():
     rep = doctor(DATA / "unfinished_insert")
     rec = rep.recommendations[0]
     assert "swa_out_of_window_release=decode_and_unfinished_insert" in rec["knobs"]
-    assert rec["sets"] == ["swa_free_out_of_window_at_insert=true"]
+    assert rec["sets"] == ["swa_out_of_window_release=decode_and_unfinished_insert"]
 
 
 def test_trend_flat_noise_and_rise():
