@@ -23,7 +23,7 @@ def _run(fn, *args, **kwargs):
 
 @click.group("workload")
 def workload() -> None:
-    """Request workloads: synthetic shapes, public trace import/export, statistics.
+    """Request workloads: synthetic shapes, public trace import/export, from a trace, statistics.
 
     A workload is a trace directory holding only the `request` family (arrival rows with
     chained page hashes) and its manifest; any recorded trace is also a valid workload.
@@ -133,13 +133,41 @@ def export_mooncake_cmd(workload_dir, out, block_tokens, with_sessions, force):
     click.echo(f"wrote {path}", err=True)
 
 
+@workload.command("from-trace")
+@click.argument("trace", type=click.Path(file_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
+@click.option("--rank", type=int, default=None, help="Rank whose requests to extract (default: the lowest).")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (path, requests, assumed defaults).")
+def from_trace_cmd(trace, out, rank, force, as_json):
+    """Extract the arrivals of TRACE (a capture, a recorded run or a workload) into workload --out.
+
+    Hash chains, arrival times, lengths and sessions are copied; what a capture lacks takes the
+    documented defaults (output_len from finish rows, turns from session order), listed in the
+    output and in the workload's manifest.
+    """
+    from replay.workloads.extract import extract_workload
+    from replay.workloads.read import read_workload
+
+    path = _run(extract_workload, trace, out, rank=rank, overwrite=force)
+    w = _run(read_workload, path)
+    assumed = w.manifest["workload"]["assumed"]
+    if as_json:
+        click.echo(json.dumps({"workload": str(path), "trace": trace, "rank": w.manifest["workload"]["rank"],
+                               "requests": w.num_requests, "hash_block_tokens": w.hash_block_tokens,
+                               "page_hash": w.page_hash, "assumed": assumed}, indent=2))
+    else:
+        click.echo(f"wrote {w.num_requests} requests from {trace} to {path}"
+                   + (f" (assumed: {', '.join(assumed)})" if assumed else ""), err=True)
+
+
 @workload.command("stats")
 @click.argument("workload_dir", metavar="W", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--rank", type=int, default=None, help="Rank whose requests to use (default: the lowest).")
 def stats_cmd(workload_dir, as_json, rank):
     """Summarize workload W: rate, lengths, sessions, ideal prefix reuse, context lengths."""
-    from replay.workloads.io import read_workload
+    from replay.workloads.read import read_workload
     from replay.workloads.stats import format_stats, workload_stats
 
     s = workload_stats(_run(read_workload, workload_dir, rank))
