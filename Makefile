@@ -33,7 +33,7 @@ data: $(STAMP)
 	$(BIN)/python -m replay.workloads.make_data
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/kvtrace lab $(LAB_PATH)
 
 clean-venv:
 	rm -rf $(VENV)
