@@ -172,19 +172,11 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
 
 
 def check_out_dir(out: Path, option: str) -> None:
-    """Refuse an output directory that cannot be written or would mix with other files.
+    """Refuse an output directory that cannot be written or would mix with other files
+    (``replay.outdir.check_new_dir``; ``record`` never replaces an existing trace)."""
+    from replay.outdir import check_new_dir
 
-    Raises KvtraceError: a parent is a file, ``out`` is a file, holds a trace already, or is a
-    non-empty directory that is not a trace."""
-    for parent in [out, *out.parents]:
-        if parent.exists() and not parent.is_dir():
-            what = "is" if parent == out else f"(a parent of {out}) is"
-            raise KvtraceError(f"{option} {out}: {parent} {what} a file; expected a directory path")
-    if out.is_dir() and any(out.iterdir()):
-        if (out / "manifest.json").exists():
-            raise KvtraceError(f"{option} {out}: already holds a trace; expected a new directory")
-        raise KvtraceError(f"{option} {out}: is a non-empty directory that is not a kvtrace trace; "
-                           "expected a new or empty directory")
+    check_new_dir(out, option, force=False)
 
 
 def _check_settings(settings) -> None:

@@ -12,7 +12,28 @@ from pathlib import Path
 
 import click
 
+from replay.errors import KvtraceError
 from replay.launch import finish_manifest, launch_env, run_forwarding, write_launch_manifest
+from replay.outdir import replace_dir
+
+
+def _check_command(cmd: list[str]) -> None:
+    """Refuse a server command that cannot be run, before anything is created."""
+    prog = cmd[0]
+    if os.sep in prog or (os.altsep and os.altsep in prog):
+        p = Path(prog)
+        if p.is_dir():
+            raise KvtraceError(f"COMMAND {prog}: is a directory; expected the server program "
+                               "(e.g. python -m sglang.launch_server ...)")
+        if not p.exists():
+            raise KvtraceError(f"COMMAND {prog}: no such file; expected the server program")
+        if not os.access(p, os.X_OK):
+            raise KvtraceError(f"COMMAND {prog}: not executable; expected the server program")
+    elif shutil.which(prog) is None:
+        if Path(prog).is_dir():
+            raise KvtraceError(f"COMMAND {prog}: is a directory; expected the server program")
+        raise KvtraceError(f"COMMAND {prog}: not found on PATH; expected the server program")
+
 
 @click.command(
     "launch",
@@ -44,11 +65,8 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
         cmd = cmd[1:]
     if not cmd:
         raise click.UsageError("missing the server command after --")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise click.UsageError(f"{out} is not empty; pass --force to replace it")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _check_command(cmd)
+    replace_dir(out, "--out", force)  # --force replaces only a kvtrace trace, never other files
     out = out.resolve()
     from tracer.sglang import autoload
 
@@ -61,8 +79,9 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
                          hash_block_tokens=hash_block_tokens)
         try:
             rc = run_forwarding(cmd, env)
-        except FileNotFoundError as e:
-            raise click.ClickException(f"cannot run {cmd[0]!r}: {e.strerror}") from None
+        except OSError as e:  # not found, a directory, not executable, ...
+            raise KvtraceError(f"COMMAND {cmd[0]}: cannot run it ({e.strerror or e}); expected the "
+                               "server program") from None
     finally:
         shutil.rmtree(shim_dir, ignore_errors=True)
     finish_manifest(out, rc)
@@ -87,6 +106,9 @@ def install_pth_cmd(site_dir: Path | None) -> None:
     """
     from tracer.sglang import autoload
 
+    if site_dir is not None and not site_dir.is_dir():
+        raise KvtraceError(f"--site-dir {site_dir}: no such directory; expected an existing "
+                           "site-packages directory of the Python environment to arm")
     p = autoload.install_pth(site_dir)
     click.echo(f"installed {p}")
 

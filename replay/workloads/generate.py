@@ -11,6 +11,7 @@ The first ``num_requests`` arrivals are written. Every random draw comes from
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -73,10 +74,8 @@ def generate(options: GenerateOptions, config=None, progress: bool = False) -> t
     """
     shape = get_shape(options.shape)
     cfg = config if config is not None else shape.config_cls()
-    if options.num_requests < 1:
-        raise WorkloadError(f"--requests must be >= 1 (got {options.num_requests})")
-    if options.hash_block_tokens < 1:
-        raise WorkloadError(f"hash_block_tokens must be >= 1 (got {options.hash_block_tokens})")
+    validate_options(options)
+    validate_config(shape.name, cfg)
     qps = shape.default_qps if options.qps is None else float(options.qps)
     try:
         mean_req, span_p99 = unit_stats(shape, cfg)
@@ -104,6 +103,63 @@ def generate(options: GenerateOptions, config=None, progress: bool = False) -> t
         "unit_rate_per_s": process.rate_per_s,
     }
     return cols, workload
+
+
+def validate_options(options: GenerateOptions) -> None:
+    """Refuse options that cannot describe a workload (before any work: a non-finite rate
+    would never advance the arrival clock).
+
+    Raises:
+        WorkloadError: naming the option and what was expected.
+    """
+    if not isinstance(options.num_requests, int) or options.num_requests < 1:
+        raise WorkloadError(f"--requests {options.num_requests}: expected an integer >= 1")
+    if options.num_requests > MAX_REQUESTS:
+        raise WorkloadError(f"--requests {options.num_requests}: expected at most {MAX_REQUESTS:,}")
+    if not isinstance(options.seed, int) or not 0 <= options.seed < 2**63:
+        raise WorkloadError(f"--seed {options.seed}: expected an integer in 0..2**63-1")
+    if options.qps is not None and not (math.isfinite(options.qps) and options.qps > 0):
+        raise WorkloadError(f"--qps {options.qps}: expected a finite rate > 0 (requests per second)")
+    if options.arrival_cv is not None and not (math.isfinite(options.arrival_cv) and options.arrival_cv > 0):
+        raise WorkloadError(f"--cv {options.arrival_cv}: expected a finite coefficient of variation > 0")
+    if not isinstance(options.hash_block_tokens, int) or not 1 <= options.hash_block_tokens <= 1 << 20:
+        raise WorkloadError(f"--hash-block-tokens {options.hash_block_tokens}: expected an integer in 1..{1 << 20}")
+
+
+MAX_REQUESTS = 100_000_000
+_POSITIVE_PREFIXES = ("num_", "max_", "mean_", "chunked_")
+
+
+def validate_config(shape_name: str, cfg) -> None:
+    """Refuse shape parameters that are not finite, negative, zero where a count or a cap is
+    needed, or inverted (``X_min > X_max``, ``min_X > max_X``).
+
+    Raises:
+        WorkloadError: ``<shape>.<parameter>=<value>: expected ...``.
+    """
+    from dataclasses import fields
+
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v):
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected a finite number")
+        if v < 0:
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected a value >= 0")
+        if v == 0 and (name.startswith(_POSITIVE_PREFIXES) or name.endswith("_tokens_median")):
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected a value > 0")
+        if isinstance(v, int) and v >= 2**31:
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected a value below 2**31")
+    for name, v in values.items():
+        for lo_name, hi_name in ((name, name[:-4] + "_max") if name.endswith("_min") else (None, None),
+                                 (name, "max_" + name[4:]) if name.startswith("min_") else (None, None)):
+            if lo_name and hi_name in values and v > values[hi_name]:
+                raise WorkloadError(f"{shape_name}.{lo_name}={v} > {hi_name}={values[hi_name]}: expected "
+                                    f"{lo_name} <= {hi_name}")
+    weights = {k: v for k, v in values.items() if k.startswith("weight_")}
+    if weights and not sum(weights.values()) > 0:
+        raise WorkloadError(f"{shape_name}: the weights {weights} sum to 0; expected at least one > 0")
 
 
 def generate_workload(

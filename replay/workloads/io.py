@@ -133,9 +133,10 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False):
         The temporary directory to fill. On an exception it is removed and ``target`` is left
         untouched.
     """
+    from replay.outdir import check_new_dir
+
     target = Path(target)
-    if target.exists() and not overwrite and (not target.is_dir() or any(target.iterdir())):
-        raise WorkloadError(f"{target} already exists (use --force to replace it)")
+    check_new_dir(target, "--out", overwrite, error=WorkloadError)  # --force replaces only kvtrace dirs
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
