@@ -74,3 +74,26 @@ def test_not_a_trace(tmp_path):
         read_workload(tmp_path / "missing")
     with pytest.raises(WorkloadError, match="manifest.json: missing; expected a kvtrace trace directory"):
         read_workload(tmp_path)
+
+
+def test_segments_are_checked_by_the_one_trace_reader(tmp_path):
+    """Request segments are found and checked by replay.trace; other families' problems don't matter."""
+    _full_trace(tmp_path)
+    (tmp_path / "cache" / "rank=0").mkdir(parents=True)
+    (tmp_path / "cache" / "rank=0" / "part-00000.parquet").write_bytes(b"not parquet")
+    assert read_workload(tmp_path).num_requests == 4
+    (tmp_path / "request" / "rank=0" / "part-00001.arrows").write_bytes(b"")
+    with pytest.raises(WorkloadError, match=r"part-00001.arrows: open segment .* run `kvtrace recover TRACE`"):
+        read_workload(tmp_path)
+
+
+def test_readers_do_not_scan_segments_themselves():
+    """Only replay/trace.py lists segment files or checks schema versions."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "replay"
+    for p in list((root / "workloads").rglob("*.py")) + [root / "backends" / "sglang" / "workload.py"]:
+        text = p.read_text()
+        for needle in ("glob(\"part-", "glob(\"rank=", "parse_major", "SCHEMA_MAJOR", "pq.read_table",
+                       "ParquetFile", "pyarrow.dataset"):
+            assert needle not in text, f"{p} uses {needle}: read through replay.trace instead"
