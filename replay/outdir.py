@@ -42,7 +42,7 @@ def check_new_dir(out: str | Path, option: str = "--out", force: bool = False, e
         raise error(f"{option} {out}: a non-empty directory that is not a kvtrace trace or workload; "
                     "expected a new or empty directory (--force replaces only kvtrace directories)")
     if not force:
-        raise error(f"{option} {out}: already holds a kvtrace trace or workload "
+        raise error(f"{option} {out}: already exists, a kvtrace trace or workload "
                     "(use --force to replace it)")
     return True
 

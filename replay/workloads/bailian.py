@@ -46,15 +46,15 @@ def read_bailian(path: str | os.PathLike, progress: bool = False) -> tuple[list[
     first_line: dict[int, int] = {}
     types: Counter = Counter()
     for line in read_lines(path, progress):
-        chat = line.int("chat_id", minimum=None)
+        chat = line.int("chat_id", minimum=None, maximum=2**63 - 1)
         if chat in first_line:
             raise line.fail("chat_id", f"duplicate id {chat} (first on line {first_line[chat]})")
         first_line[chat] = line.number
-        parent = line.int("parent_chat_id", minimum=-1, default=-1)
+        parent = line.int("parent_chat_id", minimum=-1, default=-1, maximum=2**63 - 1)
         if parent == chat:
             raise line.fail("parent_chat_id", f"chat {chat} is its own parent")
         ts_ns = line.scaled("timestamp", 1_000_000_000)
-        input_len = line.int("input_length")
+        input_len = line.int("input_length", minimum=1)
         output_len = line.int("output_length")
         turn = line.int("turn", minimum=1, default=None) if "turn" in line.obj else None
         types[line.str("type", default="")] += 1

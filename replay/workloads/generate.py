@@ -113,7 +113,7 @@ def validate_options(options: GenerateOptions) -> None:
         WorkloadError: naming the option and what was expected.
     """
     if not isinstance(options.num_requests, int) or options.num_requests < 1:
-        raise WorkloadError(f"--requests {options.num_requests}: expected an integer >= 1")
+        raise WorkloadError(f"--requests must be >= 1 (got {options.num_requests})")
     if options.num_requests > MAX_REQUESTS:
         raise WorkloadError(f"--requests {options.num_requests}: expected at most {MAX_REQUESTS:,}")
     if not isinstance(options.seed, int) or not 0 <= options.seed < 2**63:

@@ -39,8 +39,9 @@ class Line:
             return default
         return v
 
-    def int(self, field: str, minimum: int | None = 0, default=_MISSING) -> int:
-        """An integer field (bools rejected) >= ``minimum``."""
+    def int(self, field: str, minimum: int | None = 0, default=_MISSING, maximum: int = 2**31 - 1) -> int:
+        """An integer field (bools rejected) in ``[minimum, maximum]`` (the column's type: int32
+        by default)."""
         v = self._get(field, default)
         if isinstance(v, float) and v.is_integer():
             v = int(v)
@@ -48,6 +49,8 @@ class Line:
             raise self.fail(field, f"expected an integer, got {json.dumps(v)}")
         if minimum is not None and v < minimum:
             raise self.fail(field, f"expected an integer >= {minimum}, got {v}")
+        if v > maximum:
+            raise self.fail(field, f"expected an integer <= {maximum} (the column's type), got {v}")
         return v
 
     def scaled(self, field: str, scale: int) -> int:
@@ -61,7 +64,10 @@ class Line:
             raise self.fail(field, f"expected a non-negative number, got {v!r}") from None
         if not d.is_finite() or d < 0:
             raise self.fail(field, f"expected a non-negative number, got {v!r}")
-        return int((d * scale).to_integral_value())
+        out = int((d * scale).to_integral_value())
+        if out >= 2**63:
+            raise self.fail(field, f"expected a number below {(2**63 - 1) // scale} (int64 ns), got {v!r}")
+        return out
 
     def str_or_int(self, field: str, default=_MISSING):
         """A string or integer identifier."""

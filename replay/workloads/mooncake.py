@@ -48,7 +48,7 @@ def read_mooncake(path: str | os.PathLike, progress: bool = False) -> list[Impor
     rows = []
     for line in read_lines(path, progress):
         ts_ns = line.scaled("timestamp", 1_000_000)
-        input_len = line.int("input_length")
+        input_len = line.int("input_length", minimum=1)
         output_len = line.int("output_length")
         ids = line.block_ids("hash_ids", input_len, MOONCAKE_BLOCK_TOKENS)
         session = line.str_or_int("session_id", default=None) if "session_id" in line.obj else None

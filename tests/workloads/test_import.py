@@ -111,7 +111,7 @@ def test_mooncake_field_errors(tmp_path, record, field, problem):
 
 def test_missing_field_and_bailian_structure_errors(tmp_path):
     src = tmp_path / "b.jsonl"
-    row = {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 0, "output_length": 1,
+    row = {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 1, "output_length": 1,
            "turn": 1, "hash_ids": []}
     src.write_text(json.dumps(row) + "\n" + json.dumps({k: v for k, v in {**row, "chat_id": 2}.items() if k != "timestamp"}) + "\n")
     with pytest.raises(FormatError, match=r"b.jsonl:2: field 'timestamp': missing$"):
