@@ -94,3 +94,37 @@ def test_every_manifest_names_the_function():
     assert workload_manifest(16, {})["page_hash"] == H.PAGE_HASH_NAME
     assert H.page_hash_of({}) == H.LEGACY_PAGE_HASH == "kvtrace-legacy"
     assert H.page_hash_of({"page_hash": "kvtrace-chain-v1"}) == "kvtrace-chain-v1"
+
+
+def test_hook_records_a_declared_prompt_row_and_hashes_a_plain_one(tmp_path):
+    """The arrival hook: declared rows are recorded as declared; plain prompts are hashed."""
+    from types import SimpleNamespace
+
+    import tracer
+    from replay.trace import open_trace
+    from tracer.sglang.requests import declared_prompt, emit_arrival
+
+    def req(rid, ids, session=None):
+        return SimpleNamespace(rid=rid, origin_input_ids=ids, session_id=session,
+                               sampling_params=SimpleNamespace(max_new_tokens=9))
+
+    toks = array("q", range(1, 50))
+    for clock in ("manual", "step"):
+        out = tmp_path / clock
+        tracer.start(out, hash_block_tokens=16, clock=clock)
+        try:
+            if clock == "manual":
+                tracer.set_clock(1000)
+            emit_arrival(req("a", toks))
+            emit_arrival(req("b", declared_prompt(toks, page_hashes=[11, 12], session_id=4, turn=2,
+                                                  output_len=7, arrival_ns=600)))
+            now = tracer.tick()
+        finally:
+            tracer.stop()
+        rows = open_trace(out).table("request").to_pylist()
+        a, b = rows
+        assert a["page_hashes"] == H.page_hashes_from_tokens(toks, 16).tolist() and a["turn"] == -1
+        assert (b["page_hashes"], b["session_id"], b["turn"], b["output_len"], b["input_len"]) == (
+            [11, 12], 4, 2, 7, 49)
+        if clock == "manual":  # stamped at the declared arrival; the clock is restored after it
+            assert (a["ts_ns"], b["ts_ns"]) == (1000, 600) and now == 1000
