@@ -92,6 +92,11 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         wl = load_workload(workload)
     except (ValueError, OverflowError) as e:
         raise KvtraceError(f"--workload {workload}: {e}") from None
+    longest = getattr(wl, "max_seq_tokens", 0)
+    if settings.max_context_tokens and longest > settings.max_context_tokens:
+        raise KvtraceError(f"--set max_context_tokens={settings.max_context_tokens}: a request row that "
+                           f"small cannot hold the workload's longest request ({longest} tokens of prompt "
+                           f"+ max_new_tokens); expected >= {longest}, or 0 to size rows from the workload")
     info = bootstrap()
 
     import tracer
@@ -189,9 +194,11 @@ def _check_settings(settings) -> None:
 def _validate_workload(workload) -> None:
     """The shared workload validation (schema version, manifest, columns) before the backend's
     own loader reads it."""
+    from replay.trace import open_trace
     from replay.workloads.io import read_workload
 
     read_workload(workload)
+    open_trace(workload, strict=True)  # column types, unreadable or open segments
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:

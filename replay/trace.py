@@ -277,6 +277,20 @@ def _scan(root: Path) -> tuple[list[Segment], list[Problem]]:
     return segments, problems
 
 
+def _compatible(got: pa.DataType, want: pa.DataType) -> bool:
+    """A stored column readable as ``want``: same kind of integer/float, or a dictionary/string
+    enum stored either way."""
+    if pa.types.is_dictionary(want):
+        return pa.types.is_dictionary(got) or pa.types.is_string(got)
+    if pa.types.is_list(want) or pa.types.is_large_list(want):
+        return (pa.types.is_list(got) or pa.types.is_large_list(got)) and got.value_type == want.value_type
+    if pa.types.is_integer(want):
+        return pa.types.is_integer(got) and got.bit_width <= want.bit_width
+    if pa.types.is_string(want):
+        return pa.types.is_string(got) or pa.types.is_large_string(got)
+    return False
+
+
 def _open_segment(f: Path, fam_name: str, rank: int, idx: int) -> tuple[Segment | None, Problem | None]:
     fam = FAMILIES[fam_name]
     try:
@@ -297,4 +311,10 @@ def _open_segment(f: Path, fam_name: str, rank: int, idx: int) -> tuple[Segment 
     if missing:
         return None, Problem("schema", str(f), f"missing columns {missing}; expected the "
                              f"{fam_name} family columns {fam.column_names}")
+    stored = fam.arrow_schema(stored=True)
+    for col in stored:
+        got = pf.schema_arrow.field(col.name).type
+        if got != col.type and not _compatible(got, col.type):
+            return None, Problem("schema", str(f), f"column {col.name!r} has type {got}; expected "
+                                 f"{col.type} (the {fam_name} family's stored type)")
     return Segment(fam_name, rank, idx, f, pf.metadata.num_rows, f.stat().st_size), None
