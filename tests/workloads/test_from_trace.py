@@ -166,7 +166,7 @@ def test_bad_inputs_exit_nonzero_without_traceback(tmp_path):
     assert r.returncode != 0 and "is the trace itself" in r.stderr
     assert _cli("workload", "from-trace", str(tmp_path / "ok"), "--out", str(tmp_path / "w")).returncode == 0
     r = _cli("workload", "from-trace", str(tmp_path / "ok"), "--out", str(tmp_path / "w"))
-    assert r.returncode != 0 and "already exists (use --force" in r.stderr
+    assert r.returncode != 0 and "already exists" in r.stderr and "use --force" in r.stderr
     r = _cli("workload", "from-trace", str(tmp_path / "ok"), "--out", str(tmp_path / "w"), "--force", "--rank", "3")
     assert r.returncode != 0 and "no requests for rank 3 (ranks present: [0])" in r.stderr
 
