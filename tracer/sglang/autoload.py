@@ -107,6 +107,9 @@ def start_recording(reason: str) -> None:
                      **opts)
         update_manifest_server()  # what is known now (the first pool); again at the first step
         state.manifest_pending[0] = True
+        from tracer.sglang import parent_watch
+
+        parent_watch.arm()  # sglang SIGKILLs this process when its parent exits: close first
         log.info("kvtrace: recording %s (pid %d, first object: %s)", os.environ["KVTRACE_DIR"],
                  os.getpid(), reason)
 
