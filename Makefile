@@ -11,8 +11,8 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "torch==2.13.0" -e ".[replay,analysis,sglang,ray,dev]"
-	$(BIN)/python -m pip install -q --no-deps "sglang==$(SGLANG_VERSION)"
+	$(BIN)/python -m pip install -q "torch==2.13.0" -e ".[replay,analysis,sglang,server,ray,dev]"
+	$(BIN)/python -m pip install -q --no-deps "sglang==$(SGLANG_VERSION)" "xgrammar==0.2.9"
 	touch $(STAMP)
 
 venv: $(STAMP)
