@@ -184,7 +184,7 @@ def _count_losses(root: Path, rank: int, info: dict | None, torn: list[str]) -> 
               + (f" (torn or unreadable segments of {', '.join(fams)})" if fams
                  else " (not flushed before the recorder stopped)"))
     table = pa.table({"ts_ns": [acc["max_ts"]], "seq": [issued + 1],
-                      "family": [fams[0] if len(fams) == 1 else ""], "first_seq": [-1],
+                      "family": [""], "first_seq": [-1],
                       "last_seq": [-1], "num_events": [missing], "reason": [int(DropReason.TORN)],
                       "detail": [detail]})
     write_family_table(root, "drops", table, rank=rank)

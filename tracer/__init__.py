@@ -144,7 +144,7 @@ def flush() -> None:
     """Write everything buffered now (normally the flusher thread does this)."""
     rec = _active
     if rec is not None:
-        rec.flush(force=True)
+        rec.request_flush()
 
 
 def active() -> Recorder | None:

@@ -126,6 +126,11 @@ class Recorder:
         self._io_lock = threading.Lock()  # one flush at a time (flusher thread or stop())
         self._wake = threading.Event()
         self._stop_req = False
+        # Flushes asked for by other threads (``request_flush``) run in the flusher thread, so a
+        # signal raised in the caller (KeyboardInterrupt) never cuts a flush half way.
+        self._flush_cv = threading.Condition()
+        self._flush_asked = 0
+        self._flush_done = 0
         self.emits = self._build_emits()
         self._warm_up()
         self._thread = threading.Thread(target=self._run, name="kvtrace-flusher", daemon=True)
@@ -262,12 +267,44 @@ class Recorder:
             if self._stop_req:
                 break
             now = time.monotonic()
-            due = now - last >= interval_s
+            asked = self._flush_asked
+            due = now - last >= interval_s or asked > self._flush_done
             if due:
                 last = now
-            if not self.flush(force=due):
+            ok = self.flush(force=due)
+            self._flush_answered(asked)
+            if not ok:
                 return
         self._final()
+        self._flush_answered(self._flush_asked)
+
+    def _flush_answered(self, asked: int) -> None:
+        if asked > self._flush_done:
+            with self._flush_cv:
+                self._flush_done = max(self._flush_done, asked)
+                self._flush_cv.notify_all()
+
+    def request_flush(self, timeout_s: float | None = None) -> bool:
+        """Have the flusher thread write everything buffered now and wait for it (``tracer.flush``).
+
+        A signal in the calling thread interrupts only the wait: the flush itself completes in
+        the flusher thread, so no swapped buffer is ever lost half written. Falls back to a
+        flush in this thread when the flusher is not running. Returns False when recording failed.
+        """
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
+            return self.flush(force=True)
+        with self._flush_cv:
+            self._flush_asked += 1
+            want = self._flush_asked
+        self._wake.set()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._flush_cv:
+            while self._flush_done < want and self._thread.is_alive():
+                left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                self._flush_cv.wait(left)
+        return not self.failed
 
     def _due(self, b: StructBuffer) -> bool:
         return bool(b.pending) or b.reserved(b.cur[0]) * 2 >= b.capacity
