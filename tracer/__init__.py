@@ -101,7 +101,7 @@ def start(out_dir: str | os.PathLike, *, rank: int | None = None, source: str = 
         if _active is not None and not _active.stopped:
             raise RuntimeError(f"kvtrace is already recording to {_active.dir}")
         rec = Recorder(out_dir, rank=rank, options=opts, manifest_fields=fields, source=source,
-                       on_disable=lambda: _bind(None))
+                       on_disable=lambda emits=None: _bind(emits))
         _active = rec
         _bind(rec.emits)
         if sys.excepthook is not _note_exit_exception:

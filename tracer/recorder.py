@@ -88,7 +88,8 @@ class Recorder:
         manifest_fields: extra manifest keys (server, hash_block_tokens, env, ...), used only
             when this process creates the trace.
         source: manifest ``producer.source``.
-        on_disable: called (no args) when recording stops or fails, to unbind the emits.
+        on_disable: called when recording stops (no args: unbind the emits) or fails (with the
+            counting emits to bind instead, see ``_counting_emits``).
     """
 
     def __init__(self, out_dir, rank=None, options=None, manifest_fields=None, source="tracer",
@@ -122,7 +123,7 @@ class Recorder:
         self.events_written = {f: 0 for f in FAMILIES}
         self.failed: str | None = None
         self.stopped = False
-        self._on_disable = on_disable or (lambda: None)
+        self._on_disable = on_disable or (lambda emits=None: None)
         self._io_lock = threading.Lock()  # one flush at a time (flusher thread or stop())
         self._wake = threading.Event()
         self._stop_req = False
@@ -452,7 +453,7 @@ class Recorder:
         if self.failed:
             return
         self.failed = f"{type(exc).__name__}: {exc}"
-        self._on_disable()
+        self._on_disable(self._counting_emits())
         issued = peek_count(self.seq) - 1
         lost = max(issued - sum(self.events_written.values()) - self.drops.total, 0)
         log.error("kvtrace: recording to %s disabled after a write error (%s); %d events lost",
@@ -472,6 +473,18 @@ class Recorder:
             self.drops.add("drops", DropReason.WRITE_ERROR, s_fail, s_fail, 1)
         self._write_info("crashed", lost=lost)
         self._release_lock()
+
+    def _counting_emits(self) -> dict:
+        """Emits bound after a write failure: each only takes a seq, so the events the server
+        keeps emitting are counted as lost (the rank file's ``issued``) rather than vanishing."""
+        seq = self.seq
+
+        def lost(*_a, **_k) -> None:
+            next(seq)
+
+        emits = {name: lost for name in self.emits if name not in ("tick", "set_clock", "peek_seq")}
+        emits.update({k: self.emits[k] for k in ("tick", "set_clock", "peek_seq")})
+        return emits
 
     def _final(self) -> None:
         if self.failed:
@@ -546,6 +559,10 @@ class Recorder:
             self._thread.join(self.opts.stop_timeout_s)
             if self._thread.is_alive():
                 log.error("kvtrace: flusher did not finish within %.1fs", self.opts.stop_timeout_s)
+        if self.failed and self.failed != "forked":  # the final count, emits since the failure too
+            issued = peek_count(self.seq) - 1
+            self._write_info("crashed", lost=max(issued - sum(self.events_written.values())
+                                                 - self.drops.total, 0))
 
     def abandon_in_child(self) -> None:
         """In a forked child: forget the parent's buffers and files without writing anything."""
