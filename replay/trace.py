@@ -101,10 +101,17 @@ class Trace:
         """Polars LazyFrame of a family (``rank`` from the partition)."""
         import polars as pl
 
-        files = self.files(family, rank)
-        if not files:
+        segs = [s for s in self.segments if s.family == _check_family(family) and (rank is None or s.rank == rank)]
+        if not segs:
             return pl.from_arrow(self.table(family)).lazy()
-        return pl.scan_parquet(files, hive_partitioning=True, hive_schema={"rank": pl.Int32})
+        # rank from the segment list, not from hive parsing of the path: a trace may itself live
+        # under ``key=value`` folders (a sweep's ``policy=<p>/``) whose keys are not columns
+        by_rank: dict[int, list[str]] = {}
+        for s in segs:
+            by_rank.setdefault(s.rank, []).append(str(s.path))
+        scans = [pl.scan_parquet(files, hive_partitioning=False).with_columns(rank=pl.lit(r, pl.Int32))
+                 for r, files in sorted(by_rank.items())]
+        return scans[0] if len(scans) == 1 else pl.concat(scans, how="vertical")
 
     def relation(self, family: str, rank: int | None = None):
         """DuckDB relation of a family (``rank`` from the partition), on this trace's connection."""

@@ -87,7 +87,7 @@ def test_cli_rejects_bad_set_key(tmp_path):
     res = CliRunner().invoke(main, ["record", "--workload", str(tmp_path / "w"), "--out",
                                     str(tmp_path / "t"), "--set", "window=3"])
     assert res.exit_code != 0
-    assert "unknown setting 'window'" in res.output and "sliding_window_tokens" in res.output
+    assert "unknown knob 'window'" in res.output and "sliding_window_tokens" in res.output
 
 
 def test_alloc_free_counts_per_pool(tmp_path):
