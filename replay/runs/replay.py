@@ -140,20 +140,18 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     """
     source, out = Path(source), Path(out)
     values, assumed = resolve_settings(source, policy, sets, backend)
-    if backend != "sglang":
-        raise RunError(f"backend {backend!r} is not available in this version; use --backend sglang")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(f"{out}: exists and is not an empty directory; choose a new --out")
-    from replay.backends.sglang import from_knobs, load_workload
-    from replay.backends.sglang.run import record_run
-
+    impl = backend_module(backend)
     try:
-        settings = from_knobs(values)
+        settings = impl.settings_from_knobs(values)
     except ValueError as e:
         raise RunError(f"policy {policy!r} with these settings: {e}") from None
+    from replay.workloads import WorkloadError, read_workload
+
     try:
-        wl = load_workload(source)
-    except (FileNotFoundError, ValueError) as e:
+        wl = read_workload(source)
+    except (FileNotFoundError, ValueError, WorkloadError) as e:
         raise RunError(str(e)) from None
     if not wl.requests:
         raise RunError(f"{source}: no arrival rows in the request family; nothing to replay")
@@ -161,14 +159,29 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
                  "assumed": assumed}
     bar = _Progress(len(wl.requests), wl.requests[0].arrival_ns, wl.requests[-1].arrival_ns) if progress else None
     try:
-        rec = record_run(wl, settings, out, detail=detail, manifest_extra={"run": run_block},
-                         on_progress=bar.update if bar else None)
+        rec = impl.record_run(wl, settings, out, detail=detail, manifest_extra={"run": run_block},
+                              on_progress=bar.update if bar else None)
     finally:
         if bar:
             bar.close()
     summary = _summarize(out, rec, run_block)
     _write_json(out / SUMMARY_FILE, summary.to_dict())
     return summary
+
+
+#: backend name -> module implementing ``settings_from_knobs(values)`` and ``record_run(workload,
+#: settings, out, *, detail, manifest_extra, on_progress) -> RecordedRun`` (see
+#: ``replay.backends.sglang.run``); imported on first use.
+BACKEND_MODULES = {"sglang": "replay.backends.sglang.run"}
+
+
+def backend_module(backend: str):
+    """The module that runs ``backend`` (:data:`BACKEND_MODULES`)."""
+    import importlib
+
+    if backend not in BACKEND_MODULES:
+        raise RunError(f"backend {backend!r} is not available; available: {', '.join(BACKEND_MODULES)}")
+    return importlib.import_module(BACKEND_MODULES[backend])
 
 
 def _summarize(out: Path, rec, run_block: dict) -> RunSummary:

@@ -88,6 +88,13 @@ class _Observer:
             self.on_progress(self.done, step.clock_ns)
 
 
+def settings_from_knobs(values: dict) -> SglangSettings:
+    """The backend's settings from resolved knob values (raises ValueError on a bad combination)."""
+    from replay.backends.sglang.settings import from_knobs
+
+    return from_knobs(values)
+
+
 def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *, detail: str = "counts",
                manifest_extra: dict | None = None, on_progress: Callable[[int, int], None] | None = None,
                flush_interval_ms: int = 1000, check_integrity_every: int = 0) -> RecordedRun:
@@ -164,4 +171,4 @@ def _stop_crashed(tracer) -> None:
         tracer.stop()
 
 
-__all__ = ["RecordedRun", "RequestTimes", "record_run"]
+__all__ = ["RecordedRun", "RequestTimes", "record_run", "settings_from_knobs"]
