@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from dataclasses import dataclass, field
 from time import perf_counter_ns
-from typing import Any, Callable, Protocol
+from typing import Callable
 
+from replay.backends.base import FINISH_REASONS, LoopObserver, RunResult, StepRecord  # noqa: F401
 from replay.backends.sglang.build import Runtime, build_runtime, sglang_env
 from replay.backends.sglang.mirror import SchedulerMirror
 from replay.backends.sglang.occupancy import PoolOccupancy, check_identity, measure
@@ -46,71 +46,8 @@ from replay.backends.sglang.env import bootstrap
 from replay.backends.sglang.patches import apply_patches
 
 
-#: Why a request left: ``finished`` (stop token or length), ``retract_oom`` (aborted by
-#: ``retract_decode``: out of memory even alone), ``too_long`` (refused at arrival: the prompt
-#: does not fit the full pool), ``unschedulable`` (nothing running, nothing arriving, and the
-#: admission code still refuses it).
-FINISH_REASONS = ("finished", "retract_oom", "too_long", "unschedulable")
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000  # idle steps with work left and no arrivals: a loop bug, fail loudly
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One scheduler iteration.
-
-    Attributes:
-        forward_ct: step number (0-based).
-        mode: 'prefill' | 'decode' | 'idle'.
-        batch_size: requests in the batch.
-        num_tokens: tokens run (extend tokens or one per decoding request).
-        step_ns: virtual duration charged to the step.
-        clock_ns: virtual clock after the step.
-        num_retracted: requests retracted in this step.
-        cpu_ns: host time the step's scheduling code took (measured, never used in decisions).
-    """
-
-    forward_ct: int
-    mode: str
-    batch_size: int
-    num_tokens: int
-    step_ns: int
-    clock_ns: int
-    num_retracted: int = 0
-    cpu_ns: int = 0
-
-
-class LoopObserver(Protocol):
-    """What the loop reports about its own bookkeeping (all methods optional to implement)."""
-
-    def on_arrival(self, wreq: WorkloadRequest, clock_ns: int) -> None: ...
-
-    def on_finish(self, wreq: WorkloadRequest, req: Any, clock_ns: int, reason: str) -> None:
-        """``reason``: one of :data:`FINISH_REASONS`."""
-
-    def on_step_begin(self, clock_ns: int) -> None:
-        """Called before anything of a step runs, with the virtual clock."""
-
-    def on_step(self, step: StepRecord, backend: SglangBackend) -> None: ...
-
-
-@dataclass
-class RunResult:
-    """Summary of one run (JSON-friendly)."""
-
-    settings: dict
-    num_requests: int = 0
-    num_finished: int = 0
-    num_aborted: int = 0
-    num_retractions: int = 0
-    num_steps: int = 0
-    num_prefill_steps: int = 0
-    num_decode_steps: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    cached_tokens: int = 0
-    clock_ns: int = 0
-    final_occupancy: dict = field(default_factory=dict)
 
 
 class _Active:

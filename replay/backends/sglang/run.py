@@ -10,39 +10,14 @@ without KV.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Callable
 
-from replay.backends.sglang.loop import RunResult, SglangBackend, StepRecord
+from replay.backends.base import RecordedRun, RequestTimes, StepRecord
+from replay.backends.sglang.loop import SglangBackend
 from replay.backends.sglang.settings import SglangSettings
 from replay.backends.sglang.workload import Workload
-
-
-@dataclass
-class RequestTimes:
-    """Virtual-clock times of one request (ns; -1 when it never got there)."""
-
-    arrival_ns: int
-    scheduled_ns: int = -1
-    first_token_ns: int = -1
-    finish_ns: int = -1
-    reason: str = ""
-
-
-@dataclass
-class RecordedRun:
-    """What :func:`record_run` returns: the loop's result, per-request times, measured CPU."""
-
-    result: RunResult
-    times: dict[int, RequestTimes]
-    sched_cpu_ns: int
-    wall_ns: int
-    first_arrival_ns: int
-    patches: list[dict] = field(default_factory=list)
-    hook_failures: dict = field(default_factory=dict)
-    sglang_version: str = ""
 
 
 class _Observer:
