@@ -1,0 +1,49 @@
+"""Claim 3 (sgl-project/sglang#30658): lazy host free keeps the CPU of a host free flat as the host
+pool grows, while the pre-fix eager free (one concatenation of the whole free list per free)
+grows with it.
+
+Scenario (``scenarios.host_fill_rows``): 160 unique 8192-token prompts (1.3 M tokens written
+through to the host), HiCache write_through, host pools of 64 K / 256 K / 1 M slots (the SWA host
+pool is a quarter of that), W=32, ps=16.
+
+Host frees happen only under host eviction, i.e. when the FULL host pool is full: its free list
+is then short, so eager concatenation stays cheap there. The SWA host pool holds less (SWA is
+backed up for one window per node) and its free list is long when nodes are dropped, so the
+eager cost shows on the ``host_swa`` pool rows. The per-free CPU is the median over frees of
+``dur_ns`` of the free plus the merge right after it (measured CPU; the medians resist the noise
+of a shared CI machine).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.claims import scenarios as sc
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+
+def test_lazy_host_free_stays_flat_as_host_pool_grows(tmp_path):
+    w = sc.write(tmp_path, "w", sc.host_fill_rows())
+    per_free: dict[tuple[str, int], float] = {}
+    for size in sc.HOST_POOL_SIZES:
+        for pol in ("lazy_merge", "eager_cat"):
+            run = tmp_path / f"{pol}_{size}"
+            s = sc.replay(w, run, sc.HOST_SETS, host_free=pol, host_pool_tokens=size)
+            assert s.finished == 160
+            assert s.host_free_cpu_ns > 0
+            costs = sc.host_free_cost_ns(run, "host_swa")
+            assert len(costs) >= 50, (pol, size, len(costs))  # the host really evicted
+            per_free[pol, size] = statistics.median(costs)
+    small, large = sc.HOST_POOL_SIZES[0], sc.HOST_POOL_SIZES[-1]
+    lazy = [per_free["lazy_merge", n] for n in sc.HOST_POOL_SIZES]
+    eager = [per_free["eager_cat", n] for n in sc.HOST_POOL_SIZES]
+    msg = f"median host_swa free CPU ns by pool size {sc.HOST_POOL_SIZES}: lazy {lazy}, eager {eager}"
+    # eager grows with the pool: >= 3x from 64 K to 1 M slots (measured ~5-10x)
+    assert per_free["eager_cat", large] >= 3 * per_free["eager_cat", small], msg
+    # lazy stays flat: within 2x across a 16x larger pool (measured ~1x)
+    assert max(lazy) <= 2 * min(lazy), msg
+    # at 1 M slots eager costs >= 3x lazy per free
+    assert per_free["eager_cat", large] >= 3 * per_free["lazy_merge", large], msg
