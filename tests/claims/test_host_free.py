@@ -41,9 +41,10 @@ def test_lazy_host_free_stays_flat_as_host_pool_grows(tmp_path):
     lazy = [per_free["lazy_merge", n] for n in sc.HOST_POOL_SIZES]
     eager = [per_free["eager_cat", n] for n in sc.HOST_POOL_SIZES]
     msg = f"median host_swa free CPU ns by pool size {sc.HOST_POOL_SIZES}: lazy {lazy}, eager {eager}"
-    # eager grows with the pool: >= 3x from 64 K to 1 M slots (measured ~5-10x)
+    # eager grows with the pool: >= 3x from 64 K to 1 M slots (measured 47 -> 78 -> 281 us, 5.9x)
     assert per_free["eager_cat", large] >= 3 * per_free["eager_cat", small], msg
-    # lazy stays flat: within 2x across a 16x larger pool (measured ~1x)
-    assert max(lazy) <= 2 * min(lazy), msg
-    # at 1 M slots eager costs >= 3x lazy per free
+    # lazy stays flat: within 2.5x across a 16x larger pool (measured 30/21/21 us: the first run
+    # of a process is the slowest)
+    assert max(lazy) <= 2.5 * min(lazy), msg
+    # at 1 M slots eager costs >= 3x lazy per free (measured 13x)
     assert per_free["eager_cat", large] >= 3 * per_free["lazy_merge", large], msg
