@@ -136,7 +136,7 @@ def build_real(args, window: int):
     try:
         from replay.backends.sglang.build import build_runtime, sglang_env
         from replay.backends.sglang.settings import SglangSettings
-        from replay.backends.sglang_env import bootstrap
+        from replay.backends.sglang.env import bootstrap
 
         bootstrap()
     except Exception as exc:  # noqa: BLE001 - any import/bootstrap failure is the reason
@@ -147,7 +147,7 @@ def build_real(args, window: int):
     # has no sglang counterpart and runs the real tree with prepend.
     settings = SglangSettings(
         page_size=ps, sliding_window_tokens=window, full_pool_tokens=pool, swa_pool_tokens=pool,
-        eviction_policy="lru", tree_core="rust", need_sort=args.device_free == "sorted_merge",
+        eviction_policy="lru", tree_core="rust", device_free="sorted_merge" if args.device_free == "sorted_merge" else "prepend",
         max_running_requests=1,
     )
     env = sglang_env(settings, debug_memory_pool=False)

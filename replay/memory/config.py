@@ -1,6 +1,7 @@
 """Frozen configuration of the reference memory model.
 
-Every knob of DESIGN.md §5 that the pools and the tree implement is a field here; names carry
+Every knob of DESIGN.md §5 that the pools and the tree implement is a field here, named as in
+the one knob table (:mod:`replay.knobs`), which also supplies the allowed values; names carry
 units. Values are validated at construction, so a bad knob fails before any state exists.
 """
 
@@ -8,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-DEVICE_FREE_MODES = ("prepend", "append", "sorted_merge")
-HOST_FREE_MODES = ("eager_cat", "lazy_merge")
-SWA_LRU_REFRESH_MODES = ("full_ancestry", "window_aware")
-HICACHE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-SWA_RELEASE_BOUNDARIES = ("window_plus_page_cut_to_window", "max_window_page")
+from replay import knobs
+
+#: ``append`` (freed slots go to the tail, sglang's token allocator) is a model-only value.
+DEVICE_FREE_MODES = knobs.values_of("device_free") + ("append",)
+HOST_FREE_MODES = knobs.values_of("host_free")
+SWA_LRU_REFRESH_MODES = knobs.values_of("swa_lru_refresh")
+HICACHE_WRITE_POLICIES = knobs.values_of("hicache_write_policy")
+SWA_RELEASE_BOUNDARIES = knobs.values_of("swa_release_boundary")
+SWA_OUT_OF_WINDOW_RELEASES = knobs.values_of("swa_out_of_window_release")
 CACHE_KINDS = ("radix", "chunk", "eic")
 
 
@@ -40,15 +45,18 @@ class MemoryConfig:
         host_free: ``eager_cat`` (every free concatenates onto the whole free list) or
             ``lazy_merge`` (released chunks merged only when an allocation runs short).
         swa_lru_refresh: ``full_ancestry`` or ``window_aware`` (sgl-project/sglang#26615).
-        eviction: FULL eviction strategy name or ``"pkg.mod:Class"`` import path.
+        eviction_policy: FULL eviction strategy name or ``"pkg.mod:Class"`` import path.
         hicache_write_policy: ``write_through`` (threshold 1), ``write_through_selective``
             (threshold 2) or ``write_back`` (backup only at eviction).
         load_back_threshold_tokens: host hits below this many tokens are not loaded back.
         swa_release_boundary: out-of-window release boundary for radix caches:
             ``window_plus_page_cut_to_window`` (pre-#29860: keep W) or ``max_window_page``
             (keep ceil(max(W, ps)) to a page).
-        swa_free_at_unfinished_insert: free out-of-window SWA before inserting an unfinished
-            request (sgl-project/sglang#27402; on by default in 0.5.23).
+        swa_out_of_window_release: ``off``, ``decode_only`` or ``decode_and_unfinished_insert``
+            (also free out-of-window SWA before inserting an unfinished request,
+            sgl-project/sglang#27402; on by default in 0.5.23). The memory model applies the
+            at-insert part (:attr:`swa_free_at_unfinished_insert`); the decode cadence is the
+            scheduler's.
         debug_check_every_op: run ``check_integrity()`` after every public operation.
     """
 
@@ -62,11 +70,11 @@ class MemoryConfig:
     device_free: str = "prepend"
     host_free: str = "lazy_merge"
     swa_lru_refresh: str = "window_aware"
-    eviction: str = "lru"
+    eviction_policy: str = "lru"
     hicache_write_policy: str = "write_through"
     load_back_threshold_tokens: int = 10
     swa_release_boundary: str = "max_window_page"
-    swa_free_at_unfinished_insert: bool = True
+    swa_out_of_window_release: str = "decode_and_unfinished_insert"
     debug_check_every_op: bool = False
 
     def __post_init__(self) -> None:
@@ -88,6 +96,19 @@ class MemoryConfig:
         _choice("swa_lru_refresh", self.swa_lru_refresh, SWA_LRU_REFRESH_MODES)
         _choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
         _choice("swa_release_boundary", self.swa_release_boundary, SWA_RELEASE_BOUNDARIES)
+        _choice("swa_out_of_window_release", self.swa_out_of_window_release, SWA_OUT_OF_WINDOW_RELEASES)
+        from replay.memory.policies import POLICIES
+
+        if self.eviction_policy not in POLICIES.names():
+            try:
+                knobs.knob("eviction_policy").parse(self.eviction_policy)
+            except knobs.KnobError as e:
+                raise ValueError(str(e)) from None
+
+    @property
+    def swa_free_at_unfinished_insert(self) -> bool:
+        """Free out-of-window SWA before inserting an unfinished request (#27402)."""
+        return self.swa_out_of_window_release == "decode_and_unfinished_insert"
 
     @property
     def has_swa(self) -> bool:

@@ -35,7 +35,7 @@ class RadixCache:
             cfg.page_size,
             window_tokens=cfg.sliding_window_tokens,
             swa_component=swa_component,
-            eviction=cfg.eviction,
+            eviction=cfg.eviction_policy,
             swa_lru_refresh=cfg.swa_lru_refresh,
             host_full=host_full,
             host_swa=host_swa,

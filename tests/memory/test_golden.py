@@ -61,7 +61,7 @@ def test_golden_script():
     model = KVCacheModel(MemoryConfig(
         page_size=4, full_pool_tokens=128, sliding_window_tokens=8, swa_pool_tokens=64,
         swa_lru_refresh="window_aware", swa_release_boundary="max_window_page",
-        eviction="lru", debug_check_every_op=True,
+        eviction_policy="lru", debug_check_every_op=True,
     ))
     results = {}
     for name, op, full, swa in STEPS:

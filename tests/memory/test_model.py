@@ -64,7 +64,7 @@ def test_out_of_window_release_boundaries(make_model):
 
 def test_out_of_window_release_never_crosses_the_protected_prefix(make_model):
     model = make_model(page_size=2, full_pool_tokens=128, sliding_window_tokens=4,
-                       swa_pool_tokens=128, swa_free_at_unfinished_insert=False)
+                       swa_pool_tokens=128, swa_out_of_window_release="decode_only")
     a = seq(1, 10)
     run_prefill(model, "w", a[:6], 12)
     model.release("w")
@@ -184,7 +184,7 @@ def test_stale_match_is_redone_at_admit(make_model):
 
 
 def test_full_only_tree_splits_the_leaf_at_the_prompt(make_model):
-    model = make_model(page_size=2, full_pool_tokens=64, eviction="priority")
+    model = make_model(page_size=2, full_pool_tokens=64, eviction_policy="priority")
     a = seq(1, 8)
     model.admit("r", a, model.match(a, max_tokens=7), prompt_tokens=8)
     assert model.alloc_extend("r", 8)

@@ -48,13 +48,13 @@ def configs(draw, kinds=("radix", "radix", "chunk", "eic"), hicache=None, swa_on
         device_free=draw(st.sampled_from(["prepend", "append", "sorted_merge"])),
         host_free=draw(st.sampled_from(["eager_cat", "lazy_merge"])),
         swa_lru_refresh=draw(st.sampled_from(["full_ancestry", "window_aware"])),
-        eviction=draw(st.sampled_from(POLICIES.names())),
+        eviction_policy=draw(st.sampled_from(POLICIES.names())),
         hicache_write_policy=draw(
             st.sampled_from(["write_through", "write_through_selective", "write_back"])),
         load_back_threshold_tokens=draw(st.sampled_from([1, 10])),
         swa_release_boundary=draw(
             st.sampled_from(["window_plus_page_cut_to_window", "max_window_page"])),
-        swa_free_at_unfinished_insert=draw(st.booleans()),
+        swa_out_of_window_release=draw(st.sampled_from(["decode_only", "decode_and_unfinished_insert"])),
         debug_check_every_op=draw(st.booleans()),
     )
 
