@@ -60,7 +60,7 @@ def compare_runs(runs, base: str | None = None):
     rows = []
     for p in paths:
         s = load_summary(p)
-        rel = str(p.relative_to(root)) if root and p != root else p.name
+        rel = str(p.resolve().relative_to(root.resolve())) if root and p.resolve() != root.resolve() else p.name
         row = {"run": rel}
         for part in Path(rel).parts:
             if "=" in part:

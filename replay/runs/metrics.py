@@ -34,11 +34,12 @@ def trace_metrics(path: str | Path) -> dict:
 
     tr = open_trace(path, strict=False)
     out: dict = {}
-    req = tr.lazy("request").select("event", "rid", "input_len", "cached_len").collect()
+    req = tr.lazy("request").select("event", "rid", "input_len", "output_len", "cached_len").collect()
     arrivals = req.filter(pl.col("event") == "arrival")
     finishes = req.filter(pl.col("event") == "finish")
     out["requests"] = arrivals.height
     out["finished"] = finishes.height
+    out["served_tokens"] = int(finishes["input_len"].sum() or 0) + int(finishes["output_len"].clip(0).sum() or 0)
     known = finishes.filter(pl.col("cached_len") >= 0)
     input_tokens = int(known["input_len"].sum() or 0)
     out["prefix_hit_ratio"] = _ratio(int(known["cached_len"].sum() or 0), input_tokens)

@@ -9,7 +9,8 @@ Figures come from three places (``docs/replay.md``):
 - the run's trace (see :mod:`replay.runs.metrics`): occupancy, hits, evictions, host allocator
   CPU (measured around the real allocator calls);
 - the virtual clock and its step-cost model (``step_fixed_ns + step_per_token_ns * tokens``):
-  ``ttft_*``, ``queue_p99_ms``, ``throughput_tokens_per_s``, ``sim_s``;
+  ``ttft_*``, ``queue_p99_ms``, ``throughput_tokens_per_s`` (prompt plus generated tokens of
+  finished requests per simulated second), ``sim_s``;
 - measured CPU of this process: ``sched_cpu_ns`` (the loop's scheduling and memory code per
   step, the real classes included) and ``wall_s``. Only these and ``host_*_cpu_ns`` differ between
   two replays of the same inputs.
@@ -192,7 +193,7 @@ def _summarize(out: Path, rec, run_block: dict) -> RunSummary:
     done = [t for t in rec.times.values() if t.reason == "finished"]
     ttft = np.array([t.first_token_ns - t.arrival_ns for t in done if t.first_token_ns >= 0], dtype=np.float64)
     queue = np.array([t.scheduled_ns - t.arrival_ns for t in done if t.scheduled_ns >= 0], dtype=np.float64)
-    tokens = res.prefill_tokens + res.decode_tokens
+    tokens = figures.pop("served_tokens")
     return RunSummary(
         **figures,
         ttft_p50_ms=_pct_ms(ttft, 50), ttft_p99_ms=_pct_ms(ttft, 99), queue_p99_ms=_pct_ms(queue, 99),
