@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal as _signal
 import socket
 import subprocess
@@ -33,8 +32,11 @@ BASE_FLAGS = (
     "--sampling-backend", "pytorch", "--dtype", "float32", "--host", "127.0.0.1",
     "--max-total-tokens", "2048", "--max-running-requests", "8", "--chunked-prefill-size", "512",
     "--max-prefill-tokens", "512", "--grammar-backend", "none", "--disable-overlap-schedule",
-    "--skip-server-warmup", "--random-seed", "0", "--enable-metrics",
+    "--skip-server-warmup", "--random-seed", "0",
 )
+# HiCache on CPU: runs with the host-copy no-ops of the stubs (KVTRACE_LIVE_HOST_NOOPS=1).
+HICACHE_FLAGS = ("--enable-hierarchical-cache", "--hicache-io-backend", "direct",
+                 "--hicache-mem-layout", "layer_first")
 
 
 # ------------------------------------------------------------------ model directories
@@ -217,18 +219,3 @@ def wait_idle(port: int, timeout_s: float = 60.0) -> list[dict]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"server not idle after {timeout_s} s: {loads}")
         time.sleep(0.2)
-
-
-_METRIC = re.compile(r'^(sglang:[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
-
-
-def metrics(port: int) -> dict[tuple[str, str], float]:
-    """Prometheus gauges of /metrics as {(name, dp_rank label or ""): value}."""
-    out = {}
-    for line in get(port, "/metrics")[1].splitlines():
-        m = _METRIC.match(line.strip())
-        if m:
-            labels = dict(kv.split("=", 1) for kv in m.group(2).split(",") if "=" in kv)
-            dp = labels.get("dp_rank", '""').strip('"')
-            out[(m.group(1), dp)] = float(m.group(3))
-    return out

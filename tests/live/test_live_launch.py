@@ -5,9 +5,11 @@ shared by every check of this module. It serves, over HTTP on 127.0.0.1:
 
 1. four concurrent requests sharing a 48-token prefix, then two sequential ones extending an
    earlier prompt (prefix hits), one request aborted through ``/abort_request`` while decoding;
-2. a ``/flush_cache`` once the server is idle (after its own pool gauges are read from
-   ``/metrics``);
-3. sglang's own client, ``python -m sglang.bench_serving`` (generated-shared-prefix dataset, text
+2. with HiCache on (``--enable-hierarchical-cache``, host-copy no-ops): a prompt evicted from the
+   device pool by five others and asked again (a host hit loaded back);
+3. a ``/flush_cache`` once the server is idle (after its own used size is read from
+   ``/v1/loads``);
+4. sglang's own client, ``python -m sglang.bench_serving`` (generated-shared-prefix dataset, text
    prompts through the server's tokenizer manager);
 
 and is then stopped by SIGTERM to the PID of ``kvtrace launch`` (forwarded to the server). The
@@ -18,6 +20,7 @@ the ``server`` extra and the import stubs of tests/live/stubs (see docs/capture.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import threading
@@ -65,6 +68,15 @@ def _drive_http(port: int) -> dict:
     status, text = lu.post(port, "/abort_request", {"rid": "live-abort"})
     assert status == 200, text
     t.join(120)
+    # HiCache: a prompt, then enough distinct prompts to evict it from the device pool (its
+    # write-through host copy stays), then the prompt again: a host hit loaded back.
+    rng = random.Random(7)
+    hot = [rng.randrange(4, 512) for _ in range(300)]
+    out["live-h0"] = lu.generate(port, hot, 8, rid="live-h0")
+    for i in range(5):
+        out[f"live-e{i}"] = lu.generate(port, [rng.randrange(4, 512) for _ in range(400)], 8,
+                                        rid=f"live-e{i}")
+    out["live-h1"] = lu.generate(port, hot + [5] * 10, 8, rid="live-h1")
     return out
 
 
@@ -76,16 +88,16 @@ def live(tmp_path_factory):
     trace = d / "trace"
     argv = [str(lu.VENV_BIN / "kvtrace"), "launch", "--out", str(trace), "--flush-ms", "200", "--",
             str(lu.VENV_BIN / "python"), "-m", "sglang.launch_server", "--model-path", str(model),
-            "--port", str(port), *lu.BASE_FLAGS]
-    srv = lu.LiveServer(argv, lu.stub_env(), port, d / "server.log")
+            "--port", str(port), *lu.BASE_FLAGS, *lu.HICACHE_FLAGS]
+    srv = lu.LiveServer(argv, lu.stub_env({"KVTRACE_LIVE_HOST_NOOPS": "1"}), port, d / "server.log")
     try:
         t0 = time.monotonic()
         srv.start()
         res = {"trace": trace, "start_s": srv.start_s, "model": model}
         res["responses"] = _drive_http(port)
         lu.wait_idle(port)
-        time.sleep(1.0)  # the scheduler publishes its idle pool gauges
-        res["metrics_idle"] = lu.metrics(port)
+        time.sleep(2.5)  # HiCache write-through acks land; an idle step samples the pools
+        res["loads_idle"] = lu.wait_idle(port)  # computed by the scheduler on request
         status, text = lu.post(port, "/flush_cache", {})
         assert status == 200, text
         out_file = d / "bench.jsonl"
@@ -160,15 +172,16 @@ def test_bench_serving_report_matches_the_trace(live):
 
 
 def test_pool_sums_equal_the_servers_used_size(live):
-    trace, m = live["trace"], live["metrics_idle"]
-    clear_seq = tc.first_clear_seq(trace)
-    assert clear_seq is not None, "the /flush_cache left no clear marker"
-    idle = tc.last_stats_before(trace, 0, "full", clear_seq)
-    avail, evict = m[("sglang:kv_available_tokens", "")], m[("sglang:kv_evictable_tokens", "")]
-    assert (idle["available"], idle["evictable"]) == (avail, evict)
-    assert tc.ledger_until(trace, 0, idle["seq"])["full"] == idle["capacity"] - avail
-    assert m[("sglang:num_used_tokens", "")] == idle["protected"] + idle["held"] == 0
-    assert tc.ledger_until(trace, 0, clear_seq + 1)["full"] == 0  # flushed: nothing allocated
+    """At idle the server's own used size (``/v1/loads``: capacity − available − evictable)
+    equals the trace's; Σ alloc − Σ free equals capacity − available; the flush empties both."""
+    trace, (load,) = live["trace"], live["loads_idle"]
+    clears = tc.clear_seqs(trace)
+    assert clears, "the /flush_cache left no clear marker"
+    idle = tc.last_stats_before(trace, 0, "full", clears[0])
+    assert idle["capacity"] == load["max_total_num_tokens"]
+    assert idle["capacity"] - idle["available"] - idle["evictable"] == load["num_used_tokens"]
+    assert tc.ledger_until(trace, 0, idle["seq"])["full"] == idle["capacity"] - idle["available"]
+    assert tc.ledger_until(trace, 0, clears[-1] + 1)["full"] == 0  # flushed: nothing allocated
 
 
 def test_occupancy_identity_and_ledger_at_every_stats_row(live):
@@ -185,3 +198,14 @@ def test_step_rows_are_the_real_schedulers_batches(live):
     assert prefill == logged and len(logged) >= 5
     assert any(str(r["mode"]) == "decode" for r in steps)
     assert [r["forward_ct"] for r in steps] == sorted(r["forward_ct"] for r in steps)
+
+
+def test_hicache_host_pool_and_load_back_are_recorded(live):
+    trace = live["trace"]
+    pools = {str(r["pool"]) for r in tc.rows(trace, "pool")}
+    assert "host_full" in pools
+    ops = Counter(str(r["op"]) for r in tc.rows(trace, "cache"))
+    assert ops["backup"] > 0 and ops["load_back"] > 0, ops
+    by_rid = tc.request_rows(trace)
+    h1 = live["responses"]["live-h1"]["meta_info"]
+    assert h1["cached_tokens"] >= 300 and tc.end_row(by_rid, "live-h1")["cached_len"] == h1["cached_tokens"]

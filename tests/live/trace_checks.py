@@ -54,12 +54,9 @@ def ledger_until(trace, rank: int, stop_seq: int) -> dict[str, int]:
     return dict(out)
 
 
-def first_clear_seq(trace, rank: int = 0) -> int | None:
-    """seq of the first `clear` marker (a /flush_cache) in the pool family, or None."""
-    for r in rows(trace, "pool", rank):
-        if str(r["op"]) == "clear":
-            return int(r["seq"])
-    return None
+def clear_seqs(trace, rank: int = 0) -> list[int]:
+    """seqs of the `clear` markers (one per pool for a /flush_cache) in the pool family."""
+    return [int(r["seq"]) for r in rows(trace, "pool", rank) if str(r["op"]) == "clear"]
 
 
 def last_stats_before(trace, rank: int, pool: str, seq: int) -> dict | None:

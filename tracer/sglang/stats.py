@@ -132,6 +132,20 @@ def sample(forward_ct: int | None = None) -> int:
         return 0
 
 
+# (full evictable, full protected) of the tree at the last sample: an idle step samples again when
+# they changed outside the hooked methods (HiCache write-through acks unlock nodes at idle).
+_last_tree: list = [None]
+
+
+def _tree_sizes():
+    tree = state.registry.tree
+    try:
+        return None if tree is None else (int(tree.full_evictable_size()),
+                                          int(tree.full_protected_size()))
+    except Exception:
+        return None
+
+
 def _sample(fct: int) -> int:
     tree = state.registry.tree
     alloc = state.registry.allocator
@@ -149,6 +163,7 @@ def _sample(fct: int) -> int:
             full_cap, full_av = int(alloc.size), int(alloc.available_size())
         ev = int(tree.full_evictable_size()) if tree is not None else 0
         pr = int(tree.full_protected_size()) if tree is not None else 0
+        _last_tree[0] = (ev, pr)
         tracer.stats(fct, FULL, full_cap, full_av, ev, pr, full_held)
         rows += 1
         if is_swa and not getattr(alloc, "_swa_req_ring", False):
@@ -275,6 +290,8 @@ def boundary(forward_ct: int | None = None) -> None:
             lp.t0 = now  # the first boundary (no step before it), or idle spinning
             return
         lp.last_idle_emit = now
+        if not state.dirty[0] and _last_tree[0] is not None and _tree_sizes() != _last_tree[0]:
+            state.dirty[0] = True
     else:
         lp.last_idle_emit = 0
     clock = state.step_clock

@@ -86,8 +86,44 @@ def _absent(name):
     return importlib.machinery.PathFinder.find_spec(name) is None
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then()`` once the module ``name`` has finished loading."""
+
+    def __init__(self, name, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                inner, then = spec.loader, self.then
+
+                class _Loader(importlib.abc.Loader):
+                    def create_module(self, spec):
+                        return inner.create_module(spec)
+
+                    def exec_module(self, module):
+                        inner.exec_module(module)
+                        then()
+
+                spec.loader = _Loader()
+                return spec
+        return None
+
+
 def _install():
-    stubbed = _load_env().install_import_stubs()
+    env_mod = _load_env()
+    stubbed = env_mod.install_import_stubs()
+    if os.environ.get("KVTRACE_LIVE_HOST_NOOPS") == "1":
+        # HiCache on CPU: the host KV buffer is registered with cudaHostRegister and KV data is
+        # copied host<->device by CUDA-only kernels; the same no-ops as the in-process backend
+        # (replay/backends/sglang/env.py HOST_COPY_NOOPS), applied when sglang loads them.
+        sys.meta_path.insert(0, _AfterImport("sglang.srt.mem_cache.pool_host.mha",
+                                             env_mod.install_host_copy_noops))
     if "triton" in stubbed:
         # sglang probes `triton.runtime.driver.active...` inside try/except and falls back to
         # "cpu" on any exception; the catch-all stub would answer with a non-string instead.
