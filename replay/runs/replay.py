@@ -173,7 +173,7 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
 #: backend name -> module implementing ``settings_from_knobs(values)`` and ``record_run(workload,
 #: settings, out, *, detail, manifest_extra, on_progress) -> RecordedRun`` (see
 #: ``replay.backends.sglang.run``); imported on first use.
-BACKEND_MODULES = {"sglang": "replay.backends.sglang.run"}
+BACKEND_MODULES = {"sglang": "replay.backends.sglang.run", "reference": "replay.backends.reference.run"}
 
 
 def backend_module(backend: str):
