@@ -107,25 +107,39 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
     tracer.sglang.configure(stats_interval_ms=0)  # a stats row at every changed step
     hook_state.new_trace()
     t0 = perf_counter_ns()
+    rec, ended = None, "crashed"
     try:
         env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
-        tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
-                     hash_block_tokens=workload.hash_block_tokens, env=env, detail=detail,
-                     flush_interval_ms=flush_interval_ms, clock="manual")
+        rec = tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
+                           hash_block_tokens=workload.hash_block_tokens, env=env, detail=detail,
+                           flush_interval_ms=flush_interval_ms, clock="manual")
         observer = _Observer(on_progress)
-        ok = False
         try:
             with SglangBackend(workload, settings, observer=observer, debug_memory_pool=False,
                                check_integrity_every=check_integrity_every) as be:
                 result = be.run()
-            ok = True
+            ended = "complete"
+        except KeyboardInterrupt:  # SIGINT (or SIGTERM turned into one by the CLI)
+            ended = "interrupted"
+            raise
         finally:
-            tracer.stop() if ok else _stop_crashed(tracer)
+            tracer.stop(ended)
+    except KeyboardInterrupt as e:
+        from replay.errors import Interrupted
+
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        raise Interrupted(sig, f"{out}: replay interrupted by {sig}; what was recorded is kept and its "
+                               "rank file says interrupted") from None
     finally:
         failures = dict(tracer.sglang.failures)
         tracer.sglang.configure(**cadence)
         if installed_here:
             tracer.sglang.uninstall()
+    if rec is not None and getattr(rec, "failed", None):
+        from replay.errors import DataLostError
+
+        raise DataLostError(f"{out}: the recording failed ({rec.failed}); the events it could not write are "
+                            "counted in the drops family and its rank file says crashed")
     wall_ns = perf_counter_ns() - t0
     if manifest_extra:
         from tracer.schema.manifest import update_manifest
@@ -137,13 +151,6 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
     return RecordedRun(result=result, times=times, sched_cpu_ns=observer.sched_cpu_ns, wall_ns=wall_ns,
                        first_arrival_ns=first, patches=applied, hook_failures=failures,
                        sglang_version=info.sglang_version)
-
-
-def _stop_crashed(tracer) -> None:
-    try:
-        tracer.stop("crashed")
-    except TypeError:  # a tracer without end states
-        tracer.stop()
 
 
 __all__ = ["RecordedRun", "RequestTimes", "record_run", "settings_from_knobs"]
