@@ -32,6 +32,7 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.cli.replay", "replay_cmd"),
     ("replay.cli.sweep", "sweep_cmd"),
     ("replay.cli.compare", "compare_cmd"),
+    ("replay.cli.diff", "diff_cmd"),
 ]
 
 

@@ -518,12 +518,13 @@ class ReferenceBackend:
     # ---------------------------------------------------------------- sampling
     def _sample(self, record: StepRecord) -> None:
         mode = {"idle": Mode.IDLE, "prefill": Mode.PREFILL, "decode": Mode.DECODE}[record.mode]
-        tracer.sched(int(SchedKind.STEP), self.forward_ct, int(mode), record.batch_size, record.num_tokens, 0)
+        fct = self.forward_ct + 1  # trace rows count steps from 1, as the hooks' step clock does
+        tracer.sched(int(SchedKind.STEP), fct, int(mode), record.batch_size, record.num_tokens, 0)
         snap = self.model.snapshot()
         for name, pool in _POOLS:
             p = snap.get(name)
             if p is not None:
-                tracer.stats(self.forward_ct, int(pool), p.capacity, p.available, p.evictable, p.protected, p.held)
+                tracer.stats(fct, int(pool), p.capacity, p.available, p.evictable, p.protected, p.held)
 
     def _occ_text(self) -> str:
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
