@@ -22,7 +22,7 @@ from pathlib import Path
 
 from replay.errors import DataLostError, Interrupted, KvtraceError
 
-BACKENDS = ("sglang",)
+BACKENDS = ("sglang", "reference")
 
 
 class _TraceObserver:
@@ -76,6 +76,8 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     """
     if backend not in BACKENDS:
         raise KvtraceError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == "reference":
+        return _record_reference(workload, out, overrides, detail)
     from replay.backends.sglang import SglangBackend, load_workload, parse_overrides
     from replay.backends.sglang.env import bootstrap
     from replay.backends.sglang.patches import PATCHES
@@ -173,6 +175,33 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
                            f"({result.num_aborted} too long or unschedulable with these settings); "
                            "expected pools and limits that can serve at least one request (see "
                            f"{out / 'backend.json'})")
+    return summary
+
+
+def _record_reference(workload, out, overrides, detail: str) -> dict:
+    """``--backend reference``: the reference scheduler over ``replay.memory``, emitting through the
+    tracer's API (``replay.backends.reference``); the same ``backend.json``."""
+    from replay import knobs
+    from replay.backends.reference.run import record_run
+    from replay.backends.reference.settings import ReferenceSettings
+    from replay.workloads import read_workload
+
+    try:
+        settings = ReferenceSettings(**(knobs.defaults() | knobs.parse_sets(overrides)))
+    except (ValueError, TypeError) as e:
+        raise KvtraceError(f"--set: {e}") from None
+    out = Path(out)
+    check_out_dir(out, "--out")
+    _validate_workload(workload)
+    try:
+        wl = read_workload(workload)
+    except (ValueError, OverflowError) as e:
+        raise KvtraceError(f"--workload {workload}: {e}") from None
+    rec = record_run(wl, settings, out, detail=detail)
+    summary = {"trace": str(out), "workload": str(workload), "backend": "reference", "sglang_version": "",
+               "settings": settings.to_dict(), "patches": [], "hook_failures": {},
+               "result": rec.result.__dict__, "end_state": "complete"}
+    _write_json_atomic(out / "backend.json", summary)
     return summary
 
 
