@@ -183,11 +183,11 @@ def _record_reference(workload, out, overrides, detail: str) -> dict:
     tracer's API (``replay.backends.reference``); the same ``backend.json``."""
     from replay import knobs
     from replay.backends.reference.run import record_run
-    from replay.backends.reference.settings import ReferenceSettings
+    from replay.backends.reference.settings import from_knobs
     from replay.workloads import read_workload
 
     try:
-        settings = ReferenceSettings(**(knobs.defaults() | knobs.parse_sets(overrides)))
+        settings = from_knobs(knobs.defaults() | knobs.parse_sets(overrides))
     except (ValueError, TypeError) as e:
         raise KvtraceError(f"--set: {e}") from None
     out = Path(out)
