@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from replay.errors import KvtraceError
 
 BACKENDS = ("sglang", "reference")
+#: Largest pool, chunk or context size accepted: 2^28 token slots (a 2 GiB int64 free list; page
+#: ids are int32 in the schema). Beyond it a replay would exhaust this machine's memory.
+MAX_POOL_TOKENS = 1 << 28
 
 
 class KnobError(KvtraceError, ValueError):
@@ -55,6 +58,7 @@ class Knob:
         help: one line.
         refused: backend -> values that backend cannot express.
         min_value: smallest allowed number (numeric knobs).
+        max_value: largest allowed number (pool sizes: what this machine's tensors can hold).
         plugin: the knob also accepts ``pkg.mod:Class`` import paths.
     """
 
@@ -67,6 +71,7 @@ class Knob:
     upstream: str = ""
     refused: dict = field(default_factory=dict)
     min_value: float | None = None
+    max_value: float | None = None
     plugin: bool = False
 
     def parse(self, raw: object) -> object:
@@ -77,6 +82,9 @@ class Knob:
             raise KnobError(f"{self.name}={raw!r}: expected one of {allowed}")
         if self.min_value is not None and value < self.min_value:
             raise KnobError(f"{self.name}={raw!r}: expected a number >= {self.min_value:g}")
+        if self.max_value is not None and value > self.max_value:
+            bound = int(self.max_value) if float(self.max_value).is_integer() else self.max_value
+            raise KnobError(f"{self.name}={raw!r}: expected a number <= {bound:,}")
         return value
 
     def as_dict(self) -> dict:
@@ -156,22 +164,22 @@ KNOBS: tuple[Knob, ...] = (
          "device free list: prepend freed pages (reuse first) or stage and sort-merge when short",
          values=("prepend", "sorted_merge"), upstream="allocator need_sort"),
     # ---- sizes (server arguments)
-    Knob("page_size", int, 16, "tokens per KV page", group="size", min_value=1, upstream="--page-size"),
+    Knob("page_size", int, 16, "tokens per KV page", group="size", min_value=1, max_value=4096, upstream="--page-size"),
     Knob("sliding_window_tokens", int, 128, "SWA window W; 0 = a full-attention-only model", group="size",
-         min_value=0, upstream="model config sliding_window"),
-    Knob("full_pool_tokens", int, 262144, "slots of the full device pool", group="size", min_value=1,
+         min_value=0, max_value=MAX_POOL_TOKENS, upstream="model config sliding_window"),
+    Knob("full_pool_tokens", int, 262144, "slots of the full device pool", group="size", min_value=1, max_value=MAX_POOL_TOKENS,
          upstream="--max-total-tokens"),
     Knob("swa_pool_tokens", int, 0, "slots of the SWA device pool; 0 = full_pool_tokens * swa_full_tokens_ratio",
-         group="size", min_value=0, upstream="derived from --swa-full-tokens-ratio"),
+         group="size", min_value=0, max_value=MAX_POOL_TOKENS, upstream="derived from --swa-full-tokens-ratio"),
     Knob("swa_full_tokens_ratio", float, 0.25, "SWA/full pool size ratio when swa_pool_tokens is 0",
-         group="size", min_value=0.0, upstream="--swa-full-tokens-ratio"),
-    Knob("chunked_prefill_size", int, 8192, "tokens per prefill chunk", group="size", min_value=1,
+         group="size", min_value=0.0, max_value=16.0, upstream="--swa-full-tokens-ratio"),
+    Knob("chunked_prefill_size", int, 8192, "tokens per prefill chunk", group="size", min_value=1, max_value=MAX_POOL_TOKENS,
          upstream="--chunked-prefill-size"),
-    Knob("max_prefill_tokens", int, 16384, "prefill token budget per step", group="size", min_value=1,
+    Knob("max_prefill_tokens", int, 16384, "prefill token budget per step", group="size", min_value=1, max_value=MAX_POOL_TOKENS,
          upstream="--max-prefill-tokens"),
-    Knob("max_running_requests", int, 64, "running batch cap", group="size", min_value=1,
+    Knob("max_running_requests", int, 64, "running batch cap", group="size", min_value=1, max_value=65536,
          upstream="--max-running-requests"),
-    Knob("host_pool_tokens", int, 0, "HiCache host pool slots; 0 = no HiCache", group="size", min_value=0,
+    Knob("host_pool_tokens", int, 0, "HiCache host pool slots; 0 = no HiCache", group="size", min_value=0, max_value=MAX_POOL_TOKENS,
          upstream="--hicache-size / --hicache-ratio"),
     Knob("hicache_write_policy", str, "write_through", "when the tree backs pages up to the host pool",
          group="size", values=("write_through", "write_through_selective", "write_back"),
@@ -180,12 +188,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("schedule_policy", str, "fcfs", "waiting-queue order", group="sim",
          values=("fcfs", "lof", "random", "lpm", "dfs-weight"), upstream="--schedule-policy"),
     Knob("swa_eviction_interval_tokens", int, 128, "decode out-of-window release cadence", group="sim",
-         min_value=1, upstream="SGLANG_SWA_EVICTION_INTERVAL"),
+         min_value=1, max_value=MAX_POOL_TOKENS, upstream="SGLANG_SWA_EVICTION_INTERVAL"),
     Knob("tree_core", str, "auto", "radix tree core of the real backend; auto = rust, python when "
          "swa_lru_refresh=full_ancestry (the Rust core refreshes inside Rust)", group="sim",
          values=("auto", "rust", "python"), upstream="SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"),
     Knob("max_context_tokens", int, 0, "request row width; 0 = derived from the workload", group="sim",
-         min_value=0, upstream="--context-length"),
+         min_value=0, max_value=MAX_POOL_TOKENS, upstream="--context-length"),
     Knob("step_fixed_ns", int, 5_000_000, "virtual-clock cost of one forward step", group="sim", min_value=0),
     Knob("step_per_token_ns", int, 20_000, "virtual-clock cost per token run in a step", group="sim",
          min_value=0),

@@ -99,3 +99,10 @@ def test_resolve_over_recorded_settings_lists_what_was_assumed():
     assert knobs.resolve("recorded", (), knobs.recorded_settings(run_manifest))[0] == values
     with pytest.raises(KnobError, match="known presets: recorded, baseline, swa-fixes"):
         knobs.resolve("nope")
+
+
+def test_huge_sizes_are_refused_before_any_tensor_exists():
+    with pytest.raises(KnobError, match=r"full_pool_tokens='1000000000000': expected a number <= 268,435,456"):
+        knobs.parse_sets(["full_pool_tokens=1000000000000"])
+    with pytest.raises(KnobError, match="expected a number <= 4,096"):
+        knobs.parse_sets(["page_size=100000"])
