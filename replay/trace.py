@@ -229,9 +229,13 @@ def open_trace(path: str | os.PathLike, *, strict: bool = True) -> Trace:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(f"{mpath}: not valid JSON ({e}); expected the trace manifest") from None
-    if not isinstance(manifest, dict):
-        raise TraceError(f"{mpath}: holds a JSON {type(manifest).__name__}; expected the trace "
-                         "manifest object")
+    from tracer.schema import SchemaError
+    from tracer.schema.manifest import validate_manifest
+
+    try:
+        validate_manifest(manifest, str(mpath))
+    except SchemaError as e:
+        raise TraceError(str(e)) from None
     _check_version(manifest.get("schema_version"), str(mpath))
     segments, problems = _scan(root)
     if strict and problems:

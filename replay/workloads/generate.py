@@ -87,6 +87,12 @@ def generate(options: GenerateOptions, config=None, progress: bool = False) -> t
         shape.default_cv if options.arrival_cv is None else float(options.arrival_cv),
     )
     warmup_s = span_p99 if options.warm_start else 0.0
+    planned = (warmup_s + options.num_requests / qps) * process.rate_per_s  # units the plan walks
+    if planned > MAX_PLANNED_UNITS:
+        raise WorkloadError(f"shape {shape.name}: these parameters would plan about {planned:.3g} units "
+                            f"(a {warmup_s:.3g} s warm start and {options.num_requests} requests at "
+                            f"{process.rate_per_s:.3g} units/s); expected at most {MAX_PLANNED_UNITS:,}: "
+                            "shorten the think/tool times, raise --qps or pass --cold-start")
     units, arrivals = _simulate(shape, cfg, process, options, warmup_s, progress)
     cols = _materialize(units, arrivals, options.hash_block_tokens, progress)
     workload = {
@@ -127,6 +133,8 @@ def validate_options(options: GenerateOptions) -> None:
 
 
 MAX_REQUESTS = 100_000_000
+MAX_PLANNED_UNITS = 5_000_000  # beyond this a plan would run for hours: refused up front
+MAX_COUNT_PARAMETER = 10_000  # num_* shape parameters (e.g. distinct system prompts)
 _POSITIVE_PREFIXES = ("num_", "max_", "mean_", "chunked_")
 
 
@@ -149,6 +157,8 @@ def validate_config(shape_name: str, cfg) -> None:
             raise WorkloadError(f"{shape_name}.{name}={v}: expected a value >= 0")
         if v == 0 and (name.startswith(_POSITIVE_PREFIXES) or name.endswith("_tokens_median")):
             raise WorkloadError(f"{shape_name}.{name}={v}: expected a value > 0")
+        if name.startswith("num_") and v > MAX_COUNT_PARAMETER:
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected at most {MAX_COUNT_PARAMETER:,}")
         if isinstance(v, int) and v >= 2**31:
             raise WorkloadError(f"{shape_name}.{name}={v}: expected a value below 2**31")
     for name, v in values.items():

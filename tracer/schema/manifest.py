@@ -84,6 +84,48 @@ def write_manifest(trace_dir: str | os.PathLike, manifest: dict) -> Path:
     return p
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# key -> (check, what is expected); only keys present are checked (schema_version is required).
+_FIELD_TYPES = {
+    "schema_version": (lambda v: isinstance(v, str), "a 'MAJOR.MINOR' string"),
+    "producer": (lambda v: isinstance(v, dict), "an object {name, version, source}"),
+    "created_unix_ns": (_is_int, "an integer (ns)"),
+    "clock": (lambda v: isinstance(v, dict) and all(_is_int(v.get(k, 0)) for k in ("monotonic_ns", "unix_ns")),
+              "an object {monotonic_ns: int, unix_ns: int}"),
+    "hash_block_tokens": (lambda v: v is None or (_is_int(v) and 0 < v <= 1 << 20), "null or an integer in 1..2**20"),
+    "server": (lambda v: isinstance(v, dict), "an object"),
+    "env": (lambda v: isinstance(v, dict), "an object"),
+    "ranks": (lambda v: isinstance(v, list) and all(_is_int(r) and 0 <= r < 1 << 20 for r in v),
+              "a list of rank numbers"),
+    "options": (lambda v: isinstance(v, dict), "an object"),
+    "workload": (lambda v: isinstance(v, dict), "an object"),
+    "launch": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def validate_manifest(m, where: str) -> dict:
+    """Check a manifest's shape: a JSON object whose known keys have their types. Returns it.
+
+    Raises:
+        SchemaError: ``<where>: <key> is <value>; expected <type>``.
+    """
+    from tracer.schema import SchemaError
+
+    if not isinstance(m, dict):
+        raise SchemaError(f"{where}: manifest holds a JSON {type(m).__name__}; expected an object")
+    if "schema_version" not in m:
+        raise SchemaError(f"{where}: no schema_version; expected the kvtrace manifest keys")
+    for key, (ok, expected) in _FIELD_TYPES.items():
+        if key in m and not ok(m[key]):
+            shown = json.dumps(m[key], default=str)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise SchemaError(f"{where}: {key} is {shown}; expected {expected}")
+    return m
+
+
 def read_manifest(trace_dir: str | os.PathLike) -> dict:
     p = Path(trace_dir) / MANIFEST_FILE
     try:
@@ -94,11 +136,7 @@ def read_manifest(trace_dir: str | os.PathLike) -> dict:
         from tracer.schema import SchemaError
 
         raise SchemaError(f"{p}: manifest is not valid JSON ({e})") from None
-    if not isinstance(m, dict):
-        from tracer.schema import SchemaError
-
-        raise SchemaError(f"{p}: manifest holds a JSON {type(m).__name__}; expected an object")
-    return m
+    return validate_manifest(m, str(p))
 
 
 def create_or_join(trace_dir: str | os.PathLike, manifest: dict) -> dict:
