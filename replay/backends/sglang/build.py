@@ -90,6 +90,43 @@ class Runtime:
                 self.tree.release_host_resources()
 
 
+def build_pools(settings: SglangSettings, *, req_rows: int, row_tokens: int) -> tuple[Any, Any, Any]:
+    """The real request-row pool, KV pool and allocator, sized by ``settings`` (tiny KV tensors).
+
+    Shared by both schedulers: the mirror's :func:`build_runtime` and the real ``Scheduler``'s
+    stand-in model worker (``replay.backends.sglang.scheduler``), so both replay on identical pools.
+
+    Returns:
+        ``(req_to_token_pool, kv_pool, allocator)``.
+    """
+    import torch
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    s, ps = settings, settings.page_size
+    device, dtype = "cpu", torch.float16
+    r2t = ReqToTokenPool(size=req_rows, max_context_len=row_tokens, device=device, enable_memory_saver=False)
+    if s.has_swa:
+        kv_pool = SWAKVPool(size=s.full_pool_tokens, size_swa=s.swa_tokens, page_size=ps, dtype=dtype,
+                            head_num=1, head_dim=1, swa_attention_layer_ids=[0],
+                            full_attention_layer_ids=[1], device=device)
+        allocator = SWATokenToKVPoolAllocator(size=s.full_pool_tokens, size_swa=s.swa_tokens, page_size=ps,
+                                              dtype=dtype, device=device, kvcache=kv_pool,
+                                              need_sort=s.need_sort, req_to_token_pool=r2t)
+    else:
+        kv_pool = MHATokenToKVPool(size=s.full_pool_tokens, page_size=ps, dtype=dtype, head_num=1, head_dim=1,
+                                   layer_num=1, device=device, enable_memory_saver=False)
+        if ps == 1:
+            allocator = TokenToKVPoolAllocator(size=s.full_pool_tokens, dtype=dtype, device=device,
+                                               kvcache=kv_pool, need_sort=s.need_sort)
+        else:
+            allocator = PagedTokenToKVPoolAllocator(size=s.full_pool_tokens, page_size=ps, dtype=dtype,
+                                                    device=device, kvcache=kv_pool, need_sort=s.need_sort)
+    return r2t, kv_pool, allocator
+
+
 def build_runtime(settings: SglangSettings, *, max_context_tokens: int) -> Runtime:
     """Build the real pools, allocator, tree and scheduler components.
 
@@ -104,15 +141,10 @@ def build_runtime(settings: SglangSettings, *, max_context_tokens: int) -> Runti
         Call inside :func:`sglang_env`, which the allocators read at construction.
     """
     bootstrap()
-    import torch
     from sglang.srt.managers.schedule_policy import SchedulePolicy
     from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
     from sglang.srt.managers.scheduler_components.pool_stats_observer import SchedulerPoolStatsObserver
-    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
@@ -129,28 +161,9 @@ def build_runtime(settings: SglangSettings, *, max_context_tokens: int) -> Runti
         radix_eviction_policy=s.eviction_policy, **hicache,
     )
     set_global_server_args_for_scheduler(server_args)
-    device, dtype = "cpu", torch.float16
     row_tokens = -(-max_context_tokens // ps) * ps + ps
-    r2t = ReqToTokenPool(size=s.max_running_requests, max_context_len=row_tokens, device=device,
-                         enable_memory_saver=False)
-    if s.has_swa:
-        kv_pool = SWAKVPool(size=s.full_pool_tokens, size_swa=s.swa_tokens, page_size=ps, dtype=dtype,
-                            head_num=1, head_dim=1, swa_attention_layer_ids=[0],
-                            full_attention_layer_ids=[1], device=device)
-        allocator = SWATokenToKVPoolAllocator(size=s.full_pool_tokens, size_swa=s.swa_tokens, page_size=ps,
-                                              dtype=dtype, device=device, kvcache=kv_pool,
-                                              need_sort=s.need_sort, req_to_token_pool=r2t)
-        components = (ComponentType.FULL, ComponentType.SWA)
-    else:
-        kv_pool = MHATokenToKVPool(size=s.full_pool_tokens, page_size=ps, dtype=dtype, head_num=1, head_dim=1,
-                                   layer_num=1, device=device, enable_memory_saver=False)
-        if ps == 1:
-            allocator = TokenToKVPoolAllocator(size=s.full_pool_tokens, dtype=dtype, device=device,
-                                               kvcache=kv_pool, need_sort=s.need_sort)
-        else:
-            allocator = PagedTokenToKVPoolAllocator(size=s.full_pool_tokens, page_size=ps, dtype=dtype,
-                                                    device=device, kvcache=kv_pool, need_sort=s.need_sort)
-        components = (ComponentType.FULL,)
+    r2t, kv_pool, allocator = build_pools(s, req_rows=s.max_running_requests, row_tokens=row_tokens)
+    components = (ComponentType.FULL, ComponentType.SWA) if s.has_swa else (ComponentType.FULL,)
     params = CacheInitParams(
         disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=allocator, page_size=ps,
         eviction_policy=s.eviction_policy, chunked_prefill_size=s.chunked_prefill_size,

@@ -166,6 +166,16 @@ def _next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+class _NoTritonDriver:
+    """``triton.runtime.driver``: no active driver on CPU. Modules probing the device at import
+    (``fla/utils.py``: ``driver.active.get_current_target().backend`` inside ``try``) fall back
+    to ``"cpu"`` as they do without a GPU, instead of taking a stub value as a device name."""
+
+    @property
+    def active(self):
+        raise RuntimeError("triton is an import stub of kvtrace (no active driver on CPU)")
+
+
 def _populate(module: _StubModule) -> None:
     """Real values for the few names used *as values* at import time (not just referenced)."""
     top = module.__name__.split(".")[0]
@@ -174,6 +184,8 @@ def _populate(module: _StubModule) -> None:
     if module.__name__ == "triton":
         module.cdiv = _cdiv
         module.next_power_of_2 = _next_power_of_2
+    if module.__name__ == "triton.runtime":
+        module.driver = _NoTritonDriver()
 
 
 class _StubLoader(importlib.abc.Loader):

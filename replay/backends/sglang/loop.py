@@ -86,16 +86,22 @@ class SglangBackend(SchedulerMirror):
         self._stack: contextlib.ExitStack | None = None
 
     # ---------------------------------------------------------------- lifecycle
+    def __new__(cls, workload=None, settings=None, **kwargs):
+        # The settings pick the scheduler: ``scheduler=real`` (default) is sglang's own
+        # Scheduler (replay.backends.sglang.scheduler), ``mirror`` this module's restatement.
+        if cls is SglangBackend and getattr(settings or SglangSettings(), "scheduler", "mirror") == "real":
+            from replay.backends.sglang.scheduler import RealSchedulerBackend
+
+            cls = RealSchedulerBackend
+        return super().__new__(cls)
+
     def __enter__(self) -> SglangBackend:
         bootstrap()
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(sglang_env(self.settings, debug_memory_pool=self.debug_memory_pool))
             max_ctx = self.settings.max_context_tokens or (self.workload.max_seq_tokens + 1)
-            self.rt = build_runtime(self.settings, max_context_tokens=max_ctx)
-            stack.callback(self.rt.close)
+            self._build(stack, max_ctx)
             stack.enter_context(apply_patches(self.settings, self.rt))
         except BaseException:
             stack.close()
@@ -106,15 +112,22 @@ class SglangBackend(SchedulerMirror):
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
         self.forward_ct = 0
-        self.waiting: list = []
-        self.running = ScheduleBatch(reqs=[], batch_is_full=False)
-        self.last_batch = None
-        self.chunked_req = None
         self._active: dict[str, _Active] = {}
         self._last_retracted = 0
         self._idle_streak = 0
         self.result = RunResult(settings=self.settings.to_dict(), num_requests=len(self._pending))
         return self
+
+    def _build(self, stack: contextlib.ExitStack, max_context_tokens: int) -> None:
+        """Build the real objects (``self.rt``) and the scheduler state (mirror: restated)."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        self.rt = build_runtime(self.settings, max_context_tokens=max_context_tokens)
+        stack.callback(self.rt.close)
+        self.waiting: list = []
+        self.running = ScheduleBatch(reqs=[], batch_is_full=False)
+        self.last_batch = None
+        self.chunked_req = None
 
     def __exit__(self, *exc) -> None:
         stack, self._stack = self._stack, None
