@@ -206,6 +206,9 @@ def test_hicache_host_pool_and_load_back_are_recorded(live):
     assert "host_full" in pools
     ops = Counter(str(r["op"]) for r in tc.rows(trace, "cache"))
     assert ops["backup"] > 0 and ops["load_back"] > 0, ops
+    acks = [r for r in tc.rows(trace, "cache") if str(r["op"]) == "unlock" and r["rid"] == -1
+            and r["full_tokens"] > 0]  # write-through acks dropping their node locks
+    assert acks
     by_rid = tc.request_rows(trace)
     h1 = live["responses"]["live-h1"]["meta_info"]
     assert h1["cached_tokens"] >= 300 and tc.end_row(by_rid, "live-h1")["cached_len"] == h1["cached_tokens"]

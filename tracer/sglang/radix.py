@@ -306,6 +306,26 @@ def _make_unlock(op: int):
     return make
 
 
+def _make_write_ack():
+    """``_finish_write_through_ack(ack_id)``: a finished host backup drops the lock it held on
+    its node through ``dec_lock_ref`` (not ``unlock``): one ``unlock`` row, rid -1 (shared)."""
+
+    def make(orig):
+        def _finish_write_through_ack(self, ack_id):
+            if tracer.pool is _NOOP:
+                return orig(self, ack_id)
+            cur = state.cur_rid
+            saved, cur[0] = cur[0], -1
+            try:
+                return _lock_rows(self, UNLOCK, orig, ack_id)
+            finally:
+                cur[0] = saved
+
+        return _finish_write_through_ack
+
+    return make
+
+
 def _make_load_back():
     def make(orig):
         def init_load_back(self, params, *args, **kwargs):
@@ -502,6 +522,8 @@ def install(patcher, lazy: bool = False) -> int:
         n += patcher.wrap_method(U, "unlock", exact_only("(self, lock)", _make_unlock(UNLOCK)))
         n += patcher.wrap_method(U, "release_swa", exact_only("(self, lock)", _make_unlock(UNLOCK)))
         n += patcher.wrap_method(U, "init_load_back", _make_load_back())
+        n += patcher.wrap_method(U, "_finish_write_through_ack",
+                                 exact_only("(self, ack_id)", _make_write_ack()))
         n += patcher.wrap_method(U, "_execute_kv_backup", _make_backup())
         n += patcher.wrap_method(U, "evict_host", _make_evict_host())
     common = target("sglang.srt.mem_cache.common", lazy)
