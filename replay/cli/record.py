@@ -21,14 +21,26 @@ from replay.record import BACKENDS, record_workload, signals_as_interrupts
               help="pages: pool rows also carry page ids.")
 @click.option("--check-every", "check_every", type=int, default=0, show_default=True,
               help="Check the occupancy identity every N steps (0 = never).")
+@click.option("--incident", default="", metavar="NAME",
+              help="Plant a listed upstream-bug reproduction (replay/backends/sglang/incidents.py), "
+                   "e.g. lost_free, swa_mapping_race, lost_unlock, all_tombstone_leaf_insert.")
+@click.option("--incident-every", "incident_every", type=int, default=7, show_default=True,
+              help="The planted bug fires on every N-th eligible call.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (backend.json).")
 def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], detail: str,
-           check_every: int, as_json: bool) -> None:
+           check_every: int, incident: str, incident_every: int, as_json: bool) -> None:
     """Run WORKLOAD through the real-code BACKEND with the tracer hooks on; write the trace to OUT."""
+    if incident:
+        from replay.backends.sglang.incidents import check_incident
+
+        problem = check_incident(incident, incident_every, overrides)
+        if problem:
+            raise KvtraceError(f"--incident {incident}: {problem}")
     try:
         with signals_as_interrupts():  # SIGTERM stops the recorder cleanly, like SIGINT
             summary = record_workload(workload, out, backend=backend, overrides=overrides, detail=detail,
-                                      progress=not as_json, check_integrity_every=check_every)
+                                      progress=not as_json, check_integrity_every=check_every,
+                                      incident=incident, incident_every=incident_every)
     except KvtraceError:
         raise
     except ValueError as e:  # a setting the backend refused

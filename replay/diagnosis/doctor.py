@@ -12,7 +12,8 @@
 - ``holders`` and ``causes``: SWA slots held outside the window, by request and cause, with
   slot-seconds (see :mod:`replay.diagnosis.holders`);
 - ``recommendations``: the DESIGN.md §5 knobs that address each cause, with the backend
-  ``--set`` overrides that express them (used by ``--replay``).
+  ``--set`` overrides (``sets``) and ``SGLANG_*`` switches (``env``) that express them (used by
+  ``--replay``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ RECOMMENDATIONS = {
                  "prefix_ownership=eic_release_protected_prefix releases the protected prefix")},
     "window_lock_held_through_decode": {
         "knobs": ["release_prefill_swa (SGLANG_OPT_RELEASE_PREFILL_SWA)"], "sets": [],
-        "text": "release the prefill SWA window lock once decode has moved a window past it"},
+        "env": {"SGLANG_OPT_RELEASE_PREFILL_SWA": "true"},
+        "text": ("release the prefill SWA window lock once decode has moved a window past it "
+                 "(SGLANG_OPT_RELEASE_PREFILL_SWA=true; 0.5.23 default off)")},
     "private_range_kept_until_finish": {
         "knobs": ["swa_out_of_window_release=decode_only", "swa_eviction_interval_tokens"],
         "sets": ["swa_eviction_interval_tokens={window}"],
@@ -58,7 +61,10 @@ RECOMMENDATIONS = {
         "text": "free out-of-window SWA when a chunk of an unfinished request is inserted (#27402)"},
     "all_tombstone_last_leaf": {
         "knobs": ["swa_release_boundary=max_window_page"], "sets": ["swa_release_boundary=max_window_page"],
-        "text": "keep ceil_page(max(W, ps)) above the frontier so the last leaf keeps live SWA (#29860)"},
+        "text": ("the tree counts SWA slots the allocator holds free: a leaf decode had already "
+                 "tombstoned was inserted as live. Keep ceil_page(max(W, ps)) above the release "
+                 "frontier so the last leaf keeps live SWA (#29860), on an insert path that "
+                 "inserts a fully out-of-window span as a tombstone (#22470; sglang >= 0.5.23)")},
 }
 
 
@@ -215,7 +221,7 @@ def _causes(holders: list[dict], st) -> list[dict]:
 def _recommend(cause: str, window: int) -> dict:
     r = RECOMMENDATIONS[cause]
     return {"cause": cause, "knobs": r["knobs"], "text": r["text"],
-            "sets": [s.format(window=max(window, 1)) for s in r["sets"]]}
+            "sets": [s.format(window=max(window, 1)) for s in r["sets"]], "env": dict(r.get("env", {}))}
 
 
 def hours(ns: float) -> float:

@@ -11,12 +11,21 @@ cause                                  evidence
 ``protected_prefix_pinned``            a request's ``lock`` rows outnumber its ``unlock`` rows
                                        after it finished: its path stays protected to the end
 ``window_lock_held_through_decode``    a request's SWA window lock (``lock`` row ``swa_tokens``)
-                                       held while it decodes past one window
+                                       held while it decodes past one window; a lock whose
+                                       ``unlock`` row carries no SWA tokens had its window
+                                       released at the window (``release_swa``,
+                                       ``SGLANG_OPT_RELEASE_PREFILL_SWA``) and is not counted
 ``private_range_kept_until_finish``    at ``release``, the request-private range (allocated -
                                        protected) minus what decode released (``swa_release``
                                        rows after its last insert) exceeds two windows
 ``unfinished_insert_without_release``  a checkpoint ``insert`` of an unfinished request with no
                                        ``swa_release`` of that request since its previous insert
+``all_tombstone_last_leaf``            SWA identity gap < 0: the tree counts more SWA slots
+                                       (evictable + protected) than the allocator has in use, as
+                                       when a span decode already freed is inserted as a live
+                                       leaf (pre-#29860 boundary + pre-#22470 insert); each drop
+                                       of the gap is charged to the request whose ``insert``
+                                       came last before it
 =====================================  ==========================================================
 
 Holders are requests (trace ``rid``) or ``allocator``; the trace has no tree node ids, so a
@@ -42,6 +51,7 @@ def attribute(cache: dict, req: dict, st, *, window: int, page: int) -> list[dic
     keep = -(-max(window, page) // page) * page + page
     out: list[dict] = []
     out += _lost(st)
+    out += _overcounted(st, cache)
     by_rid: dict[int, list[int]] = {}
     for i, r in enumerate(cache["rid"].tolist()):
         if r >= 0:
@@ -75,6 +85,40 @@ def _lost(st) -> list[dict]:
              "detail": f"identity gap grows to {int(gap.max())} slots (first at seq {int(st.seq[m][first])})"}]
 
 
+def _overcounted(st, cache) -> list[dict]:
+    m = st.pool == SWA
+    if not np.any(m):
+        return []
+    gap = (st.capacity - st.available - st.evictable - st.protected - st.held)[m]
+    if not np.any(gap < 0):
+        return []
+    ts, seq = st.ts_ns[m], st.seq[m]
+    end = int(ts[-1])
+    ins = np.flatnonzero((cache["op"] == INSERT) & (cache["rid"] >= 0))
+    ins_seq, ins_rid, ins_ts = cache["seq"][ins], cache["rid"][ins], cache["ts_ns"][ins]
+    drop = np.diff(gap, prepend=0)
+    out: dict[int, dict] = {}
+    for i in np.flatnonzero(drop < 0):
+        k = np.searchsorted(ins_seq, seq[i]) - 1
+        rid = int(ins_rid[k]) if k >= 0 else -1
+        # the over-count lasts until the gap recovers (the leaf is evicted) or the trace ends
+        back = np.flatnonzero(gap[i:] > gap[i] - drop[i])
+        until = int(ts[i + back[0]]) if len(back) else end
+        h = out.setdefault(rid, {"holder": f"tree leaf inserted by request {rid} (SWA over-counted)" if rid >= 0
+                                 else "tree (SWA over-counted)", "rid": rid, "cause": "all_tombstone_last_leaf",
+                                 "slots": 0, "slot_seconds": 0.0, "since_ns": int(ts[i]), "until_ns": until,
+                                 "detail": ""})
+        h["slots"] += int(-drop[i])
+        h["slot_seconds"] += float(-drop[i] * (until - ts[i]) / NS)
+        h["until_ns"] = max(h["until_ns"], until)
+    first = int(np.flatnonzero(gap < 0)[0])
+    for h in out.values():
+        h["detail"] = (f"identity gap below zero (the tree counts {h['slots']} SWA slots the allocator holds "
+                       f"free; first at seq {int(seq[first])}, lowest {int(gap.min())}): a leaf whose SWA "
+                       "decode already freed was inserted as live")
+    return list(out.values())
+
+
 def _pinned(rid, ops, ts, swa, full, t_rel, end_ns) -> list[dict]:
     locks, unlocks = np.flatnonzero(ops == LOCK), np.flatnonzero(ops == UNLOCK)
     extra = len(locks) - len(unlocks)
@@ -99,6 +143,8 @@ def _window_lock(rid, ops, ts, swa, out_len, window) -> list[dict]:
             open_.append(k)
         elif ops[k] == UNLOCK and open_:
             j = open_.pop(0)
+            if swa[k] == 0:  # the window was released at the window (release_swa): not held through
+                continue
             secs = (ts[k] - ts[j]) / NS * frac
             if secs > 0:
                 out.append({"holder": f"request {rid} (SWA window lock)", "rid": rid,

@@ -5,14 +5,20 @@ Every trace is recorded on the real sglang 0.5.23 classes through
 here, with either a pre-fix setting of the backend or a planted bug of
 ``replay.backends.sglang.incidents``. Each incident has a healthy twin: the same workload under
 the same sizes with the fix (0.5.23's own behaviour). ``INCIDENTS`` is the table the README and
-the tests read: name -> (workload, settings, planted bug, expected doctor cause).
+the tests read: name -> (workload, settings, ``SGLANG_*`` switches, planted bug, expected doctor
+cause). ``env`` holds sglang switches the backend settings have no knob for
+(``SGLANG_OPT_RELEASE_PREFILL_SWA``); they are set around the recording and written to
+``backend.json`` (``env``), where ``doctor --replay`` reads them back.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import os
+import random
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +28,12 @@ BLOCK = 16
 ROOT = Path(__file__).resolve().parents[2] / "data" / "incidents"
 BASE = ("tree_core=rust", "page_size=16", "sliding_window_tokens=32", "full_pool_tokens=16384",
         "swa_pool_tokens=2048", "chunked_prefill_size=256", "max_running_requests=8")
+# page 64 > window 32 (the #29860 / #22470 case); the planted insert bug needs the Python core
+PAGE64 = ("tree_core=python", "page_size=64", "sliding_window_tokens=32", "full_pool_tokens=16384",
+          "swa_pool_tokens=2048", "chunked_prefill_size=256", "max_running_requests=8",
+          "swa_eviction_interval_tokens=16")
+PRE_29860 = "swa_release_boundary=window_plus_page_cut_to_window"
+RELEASE_PREFILL_SWA = {"SGLANG_OPT_RELEASE_PREFILL_SWA": "true"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,7 @@ class Incident:
     sets: tuple[str, ...]
     incident: str = ""
     every: int = 3
+    env: tuple[tuple[str, str], ...] = ()  # SGLANG_* switches set around the recording
     cause: str = ""  # the cause doctor must name ("" = healthy)
     what: str = ""
 
@@ -58,6 +71,18 @@ def _multi_turn(sessions: int, turns: int, user_blocks: int, out: int, gap_ms: f
     return rows
 
 
+def _varied_answers(sessions: int, turns: int, user_blocks: int, outs: tuple[int, ...],
+                    gap_ms: float, seed: int) -> list[dict]:
+    """Multi-turn rows whose answer lengths are drawn (seeded) from ``outs``: with page 64 and
+    window 32, a sequence ending 33..63 tokens into a page is where the pre-#29860 frontier
+    reaches the page floor of the insert."""
+    rows = _multi_turn(sessions, turns, user_blocks, max(outs), gap_ms)
+    rng = random.Random(seed)
+    for r in rows:
+        r["output_len"] = r["max_new_tokens"] = rng.choice(outs)
+    return rows
+
+
 WORKLOADS = {
     # short answers: 30 requests over 10 sessions
     "chat": lambda: _multi_turn(10, 3, 6, 12, 250.0),
@@ -65,6 +90,10 @@ WORKLOADS = {
     "long_answers": lambda: _multi_turn(6, 3, 4, 160, 1500.0),
     # long prompts (chunked prefill: 4-9 chunks of 256)
     "long_prompts": lambda: _multi_turn(6, 2, 60, 12, 500.0),
+    # long decodes (400 tokens, 12x the window)
+    "long_decodes": lambda: _multi_turn(6, 3, 4, 400, 3000.0),
+    # answers of 100..250 tokens (page 64: some end past the window inside their last page)
+    "varied_answers": lambda: _varied_answers(6, 3, 4, (100, 110, 120, 230, 240, 250), 1500.0, 1),
 }
 
 INCIDENTS = (
@@ -85,7 +114,38 @@ INCIDENTS = (
     Incident("unfinished_insert", "long_prompts", BASE + ("swa_free_out_of_window_at_insert=false",),
              cause="unfinished_insert_without_release",
              what="pre-#27402: chunked prefill inserts every chunk as live, locked SWA (no out-of-window free at insert)"),
+    Incident("healthy_window_release", "long_decodes", BASE + ("swa_eviction_interval_tokens=16",),
+             env=tuple(RELEASE_PREFILL_SWA.items()),
+             what="healthy twin of window_lock: SGLANG_OPT_RELEASE_PREFILL_SWA=true releases the prefill window lock once decode is a window past it"),
+    Incident("window_lock", "long_decodes", BASE + ("swa_eviction_interval_tokens=16",),
+             cause="window_lock_held_through_decode",
+             what="0.5.23 default SGLANG_OPT_RELEASE_PREFILL_SWA=false: each request's prefill window lock stays through 400 decode tokens"),
+    Incident("healthy_tombstone_leaf", "varied_answers", PAGE64,
+             what="healthy twin of all_tombstone_leaf (0.5.23: max(W, ps) boundary)"),
+    Incident("tombstone_boundary_only", "varied_answers", PAGE64 + (PRE_29860,),
+             what="pre-#29860 boundary alone on 0.5.23: 8 finished inserts are fully out of window, but 0.5.23's insert makes them plain tombstones (no leak)"),
+    Incident("all_tombstone_leaf", "varied_answers", PAGE64 + (PRE_29860,), incident="all_tombstone_leaf_insert",
+             every=1, cause="all_tombstone_last_leaf",
+             what="sgl-project/sglang#29860 + pre-#22470 insert: the frontier reaches page_floor(seq_len) and the fully out-of-window last leaf is inserted as live SWA (identity broken, SWA over-counted)"),
 )
+
+
+@contextlib.contextmanager
+def sglang_switches(env: dict[str, str]):
+    """Set ``SGLANG_*`` switches for the block (sglang reads them at call time); restore after."""
+    bad = [k for k in env if not k.startswith("SGLANG_")]
+    if bad:
+        raise ValueError(f"env {bad}: only SGLANG_* switches can be set")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def make(names: tuple[str, ...] = (), root: Path = ROOT, progress: bool = True) -> list[dict]:
@@ -102,8 +162,10 @@ def make(names: tuple[str, ...] = (), root: Path = ROOT, progress: bool = True) 
             w = write_workload(Path(tmp) / inc.workload, WORKLOADS[inc.workload](), hash_block_tokens=BLOCK)
             dest = root / inc.name
             shutil.rmtree(dest, ignore_errors=True)
-            s = record_workload(w, dest, overrides=inc.sets, detail="pages", incident=inc.incident,
-                                incident_every=inc.every)
+            with sglang_switches(dict(inc.env)):
+                s = record_workload(w, dest, overrides=inc.sets, detail="pages", incident=inc.incident,
+                                    incident_every=inc.every)
+            s["env"] = dict(inc.env)
             s["workload"] = inc.workload
             s["trace"] = f"data/incidents/{inc.name}"
             (dest / "backend.json").write_text(json.dumps(s, indent=1, default=str))

@@ -4,9 +4,10 @@ recommended ones, on the real sglang backend, and say whether the growth disappe
 The workload is the trace's own ``request`` arrival rows. The recorded settings come from the
 trace's ``backend.json`` (written by ``kvtrace record``) or, without it, from the manifest's
 ``server`` block. A planted bug named in ``backend.json`` (``incident``) is planted again in the
-recorded run and left out of the recommended one (the fix). Uses ``replay.runs.replay_run``
-when the lead's replay core is installed with a ``sets`` argument; otherwise
-``replay.record.record_workload`` with ``--set`` overrides.
+recorded run and left out of the recommended one (the fix). ``SGLANG_*`` switches the backend settings have no knob for
+(``backend.json`` ``env``, and a recommendation's ``env``) are set around each run. Runs go
+through ``replay.record.record_workload`` rather than ``replay.runs.replay_run``, which takes
+``--set`` overrides only and so cannot carry the planted bug or those switches.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ SERVER_TO_SETTING = ("page_size", "sliding_window_tokens", "full_pool_tokens", "
                      "chunked_prefill_size", "max_running_requests", "host_pool_tokens", "eviction_policy")
 
 
-def recorded_settings(tr) -> tuple[list[str], dict]:
-    """(``key=value`` settings, incident dict) the trace was recorded with."""
+def recorded_settings(tr) -> tuple[list[str], dict, dict]:
+    """(``key=value`` settings, incident dict, ``SGLANG_*`` switches) the trace was recorded with."""
     bj = Path(tr.path) / "backend.json"
     if bj.is_file():
         meta = json.loads(bj.read_text())
         sets = [f"{k}={v}" for k, v in (meta.get("settings") or {}).items()]
-        return sets, meta.get("incident") or {}
+        return sets, meta.get("incident") or {}, dict(meta.get("env") or {})
     server = tr.manifest.get("server") or {}
-    return [f"{k}={server[k]}" for k in SERVER_TO_SETTING if server.get(k) not in (None, "")], {}
+    return [f"{k}={server[k]}" for k in SERVER_TO_SETTING if server.get(k) not in (None, "")], {}, {}
 
 
 def workload_rows(tr, rank: int = 0) -> list[dict]:
@@ -47,18 +48,23 @@ def replay_compare(tr, report, *, progress: bool = False) -> dict:
     """Record the workload twice (recorded, recommended) and diagnose both runs."""
     from replay.backends.sglang import write_workload
     from replay.diagnosis.doctor import doctor
+    from replay.diagnosis.make_incidents import sglang_switches
     from replay.record import record_workload
 
-    sets, incident = recorded_settings(tr)
+    sets, incident, env = recorded_settings(tr)
     fix = [s for r in report.recommendations for s in r["sets"]]
-    out = {"recorded_sets": sets, "recommended_sets": fix, "incident": incident or None}
+    fix_env = {k: v for r in report.recommendations for k, v in r.get("env", {}).items()}
+    out = {"recorded_sets": sets, "recommended_sets": fix, "recorded_env": env, "recommended_env": fix_env,
+           "incident": incident or None}
     with tempfile.TemporaryDirectory() as tmp:
         w = write_workload(Path(tmp) / "w", workload_rows(tr), hash_block_tokens=int(tr.manifest.get("hash_block_tokens") or 16))
         runs = {}
-        for name, run_sets, inc in (("recorded", sets, incident), ("recommended", sets + fix, {})):
+        for name, run_sets, inc, run_env in (("recorded", sets, incident, env),
+                                             ("recommended", sets + fix, {}, {**env, **fix_env})):
             dest = Path(tmp) / name
-            record_workload(w, dest, overrides=tuple(run_sets), detail="counts", progress=progress,
-                            incident=inc.get("name", ""), incident_every=int(inc.get("every", 7) or 7))
+            with sglang_switches(run_env):
+                record_workload(w, dest, overrides=tuple(run_sets), detail="counts", progress=progress,
+                                incident=inc.get("name", ""), incident_every=int(inc.get("every", 7) or 7))
             d = doctor(dest)
             runs[name] = {"verdict": d.verdict, "primary_cause": d.primary_cause,
                           "growth": {p: {k: g[k] for k in ("verdict", "slope_tokens_per_hour", "p_value")}
@@ -71,6 +77,6 @@ def replay_compare(tr, report, *, progress: bool = False) -> dict:
         report.primary_cause is not None and report.primary_cause not in after["causes"])
     out["growth_disappears"] = bool(gone)
     out["summary"] = (f"recorded: {before['verdict']} ({before['primary_cause']}); recommended "
-                      f"{' '.join(fix) or '(fix of the planted bug)'}: {after['verdict']} "
+                      f"{' '.join(fix + [f'{k}={v}' for k, v in fix_env.items()]) or '(fix of the planted bug)'}: {after['verdict']} "
                       f"({after['primary_cause']}) -> " + ("the problem disappears" if gone else "the problem remains"))
     return out
