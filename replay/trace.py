@@ -86,24 +86,56 @@ class Trace:
 
     # ------------------------------------------------------------------ frames
     def table(self, family: str, rank: int | None = None) -> pa.Table:
-        """The whole family as one Arrow table with a ``rank`` column (stored schema)."""
+        """The whole family as one Arrow table with a ``rank`` column (stored schema). Columns
+        newer than a file read as their default; ``request`` rows carry whole prompt chains in
+        ``page_hashes`` (``tracer.schema.prefixes``: stored prefixes are expanded here)."""
         fam = FAMILIES[_check_family(family)]
         parts = []
-        for s in self.segments:
-            if s.family == family and (rank is None or s.rank == rank):
-                t = pq.read_table(s.path, schema=fam.arrow_schema(stored=True))
-                parts.append(t.append_column("rank", pa.array([s.rank] * t.num_rows, pa.int32())))
+        for r in sorted({s.rank for s in self.segments if s.family == family and (rank is None or s.rank == rank)}):
+            segs = [s for s in self.segments if s.family == family and s.rank == r]
+            t = pa.concat_tables([_read_segment(s.path, fam) for s in segs])
+            if family == "request":
+                t = self._expand_requests(t, segs)
+            parts.append(t.append_column("rank", pa.array([r] * t.num_rows, pa.int32())))
         if not parts:
             return fam.arrow_schema(stored=True).append(pa.field("rank", pa.int32())).empty_table()
         return pa.concat_tables(parts)
+
+    def _expand_requests(self, t: pa.Table, segs: list[Segment]) -> pa.Table:
+        from tracer.schema.prefixes import expand_request_table
+
+        t, lost = expand_request_table(t)
+        where = str(segs[0].path.parent)
+        for msg in lost:
+            p = Problem("prefix", where, msg)
+            if p not in self.problems:
+                self.problems.append(p)
+        return t
+
+    def _needs_table(self, family: str, segs: list[Segment]) -> bool:
+        """A family whose files a plain Parquet scan would show differently than ``table``:
+        columns missing from older files, or stored request prefixes to expand."""
+        fam = FAMILIES[family]
+        for s in segs:
+            pf = pq.ParquetFile(s.path)
+            names = pf.schema_arrow.names
+            if any(c.name not in names for c in fam.columns):
+                return True
+            if family == "request":
+                i = names.index("prefix_blocks")
+                for g in range(pf.metadata.num_row_groups):
+                    st = pf.metadata.row_group(g).column(i).statistics
+                    if st is None or not st.has_min_max or st.max > 0:
+                        return True
+        return False
 
     def lazy(self, family: str, rank: int | None = None):
         """Polars LazyFrame of a family (``rank`` from the partition)."""
         import polars as pl
 
         segs = [s for s in self.segments if s.family == _check_family(family) and (rank is None or s.rank == rank)]
-        if not segs:
-            return pl.from_arrow(self.table(family)).lazy()
+        if not segs or self._needs_table(family, segs):
+            return pl.from_arrow(self.table(family, rank)).lazy()
         # rank from the segment list, not from hive parsing of the path: a trace may itself live
         # under ``key=value`` folders (a sweep's ``policy=<p>/``) whose keys are not columns
         by_rank: dict[int, list[str]] = {}
@@ -117,9 +149,8 @@ class Trace:
         """DuckDB relation of a family (``rank`` from the partition), on this trace's connection."""
         con = self.duckdb()
         files = self.files(family, rank)
-        if not files:
-            empty = self.table(family)  # noqa: F841  (DuckDB replacement scan reads it by name)
-            return con.sql("SELECT * FROM empty")
+        if not files or self._needs_table(family, [s for s in self.segments if str(s.path) in files]):
+            return con.from_arrow(self.table(family, rank))
         return con.read_parquet(files, hive_partitioning=True)
 
     def duckdb(self):
@@ -142,6 +173,9 @@ class Trace:
         # Segments are each sorted by seq; with several emitting threads a row can land in the
         # next segment, so merge the segments rather than concatenating them.
         segs = [s for s in self.segments if s.family == family and s.rank == rank]
+        if segs and self._needs_table(family, segs):
+            rows = self.table(family, rank).drop_columns(["rank"]).sort_by("seq").to_pylist()
+            return (Event(r["seq"], r["ts_ns"], family, r) for r in rows)
         return heapq.merge(*(self._segment_stream(s, family, batch_rows) for s in segs),
                            key=lambda e: e.seq)
 
@@ -288,6 +322,17 @@ def _scan(root: Path) -> tuple[list[Segment], list[Problem]]:
     return segments, problems
 
 
+def _read_segment(path: Path, fam) -> pa.Table:
+    """One closed segment in the family's stored schema; a column the file predates (added in a
+    minor version) holds its default."""
+    t = pq.read_table(path, schema=fam.arrow_schema(stored=True))
+    names = pq.read_schema(path).names
+    for i, c in enumerate(fam.columns):
+        if c.default is not None and c.name not in names:
+            t = t.set_column(i, t.schema.field(i), pa.array([c.default] * t.num_rows, c.type))
+    return t
+
+
 def _compatible(got: pa.DataType, want: pa.DataType) -> bool:
     """A stored column readable as ``want``: same kind of integer/float, or a dictionary/string
     enum stored either way."""
@@ -318,12 +363,14 @@ def _open_segment(f: Path, fam_name: str, rank: int, idx: int) -> tuple[Segment 
         _check_version(version, str(f))
     except TraceError as e:
         return None, Problem("version", str(f), str(e).split(": ", 1)[1])
-    missing = [c for c in fam.column_names if c not in pf.schema_arrow.names]
+    missing = [c.name for c in fam.columns if c.name not in pf.schema_arrow.names and c.default is None]
     if missing:
         return None, Problem("schema", str(f), f"missing columns {missing}; expected the "
                              f"{fam_name} family columns {fam.column_names}")
     stored = fam.arrow_schema(stored=True)
     for col in stored:
+        if col.name not in pf.schema_arrow.names:
+            continue  # a column added in a minor version (read as its default)
         got = pf.schema_arrow.field(col.name).type
         if got != col.type and not _compatible(got, col.type):
             return None, Problem("schema", str(f), f"column {col.name!r} has type {got}; expected "

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from tracer.schema.hashing import PAGE_HASH_NAME
 from tracer.schema.manifest import write_manifest
+from tracer.schema.prefixes import encode_chains
 from tracer.schema import MANIFEST_KEYS, REQUEST, SCHEMA_VERSION, PRODUCER
 from tracer.schema.storage import write_family_table
 
@@ -82,7 +83,10 @@ def workload_manifest(hash_block_tokens: int, workload: dict, *, page_hash: str 
 
 
 def request_table(cols: RequestColumns) -> pa.Table:
-    """The REQUEST-family table (raw form: enum as strings) of arrival rows.
+    """The REQUEST-family table (raw form: enum as strings) of arrival rows, in the storage form
+    of schema 1.1: each row's longest prefix shared with an earlier row is a reference
+    (``prefix_rid``, ``prefix_blocks``) and ``page_hashes`` holds the rest (``encode_chains``;
+    ``replay.trace`` expands it back).
 
     Args:
         cols: arrival rows in arrival order; ``rid`` is ``cols.rid`` (default 0..N-1), ``seq`` 1..N.
@@ -99,9 +103,8 @@ def request_table(cols: RequestColumns) -> pa.Table:
         raise WorkloadError("hash_offsets do not match page_hashes")
     if offsets[-1] >= 2**31:
         raise WorkloadError("too many page hashes for one segment (>= 2**31)")
-    hashes = pa.ListArray.from_arrays(
-        pa.array(offsets.astype(np.int32)), pa.array(np.asarray(cols.page_hashes, dtype=np.uint64))
-    )
+    prefix_rid, prefix_blocks, flat, offsets = encode_chains(cols.rids(), cols.page_hashes, offsets)
+    hashes = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint64()))
     data = {
         "ts_ns": pa.array(ts, pa.int64()),
         "seq": pa.array(np.arange(1, n + 1, dtype=np.int64)),
@@ -115,6 +118,8 @@ def request_table(cols: RequestColumns) -> pa.Table:
         "cached_len": pa.array(np.full(n, -1, dtype=np.int32)),
         "rid_str": pa.array(cols.rid_str if cols.rid_str is not None else [""] * n, pa.string()),
         "page_hashes": hashes,
+        "prefix_rid": pa.array(prefix_rid, pa.int64()),
+        "prefix_blocks": pa.array(prefix_blocks, pa.int32()),
     }
     assert list(data) == REQUEST.column_names
     return pa.table(data)

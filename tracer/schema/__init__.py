@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 PRODUCER = "kvtrace"
 
@@ -135,13 +135,17 @@ def enum_names(e: type[enum.IntEnum]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Column:
-    """One column: ``code`` is the struct code used on the hot path ('' = not in the record)."""
+    """One column: ``code`` is the struct code used on the hot path ('' = not in the record).
+
+    ``default``: for a column added in a minor version, the value rows of older files (which
+    lack the column) are read as; None: every file of the family has the column."""
 
     name: str
     type: pa.DataType
     doc: str
     code: str = ""
     enum: type[enum.IntEnum] | None = None
+    default: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +175,8 @@ class Family:
         return pa.schema(fields, metadata=meta)
 
 
-def _c(name, typ, doc, code="", enum_=None) -> Column:
-    return Column(name, typ, doc, code, enum_)
+def _c(name, typ, doc, code="", enum_=None, default=None) -> Column:
+    return Column(name, typ, doc, code, enum_, default)
 
 
 I64, I32, U8, U64 = pa.int64(), pa.int32(), pa.uint8(), pa.uint64()
@@ -197,8 +201,13 @@ REQUEST = Family(
         _c(
             "page_hashes",
             pa.list_(U64),
-            "Chained hash per hash block of the prompt (manifest `hash_block_tokens`).",
+            "Chained hash per hash block of the prompt (manifest `hash_block_tokens`); on disk "
+            "only the blocks after the `prefix_blocks` shared with request `prefix_rid`.",
         ),
+        _c("prefix_rid", I64, "Earlier request whose chain this prompt extends; -1 none (since 1.1).",
+           "q", default=-1),
+        _c("prefix_blocks", I32, "Leading hashes equal to `prefix_rid`'s, not stored again (since 1.1).",
+           "i", default=0),
     ),
 )
 
@@ -314,7 +323,7 @@ def family(name: str) -> Family:
 MANIFEST_FILE = "manifest.json"
 
 MANIFEST_KEYS: dict[str, str] = {
-    "schema_version": "Schema version of every file in the trace ('1.0').",
+    "schema_version": "Schema version of every file in the trace ('1.1'; '1.0' still reads).",
     "producer": "{'name': 'kvtrace', 'version': ..., 'source': 'tracer'|'workload'|'sglang-hooks'|...}.",
     "created_unix_ns": "Wall-clock time the trace was created.",
     "clock": "{'monotonic_ns': M, 'unix_ns': U}: ts_ns = monotonic_ns - M; unix = U + ts_ns.",

@@ -62,6 +62,9 @@ def to_stored(table: pa.Table, fam: Family) -> pa.Table:
             if pa.types.is_list(col.type) or pa.types.is_string(col.type):
                 arrays.append(pa.nulls(table.num_rows, col.type, memory_pool=ARROW_POOL))
                 continue
+            if col.default is not None:  # a column added in a minor version
+                arrays.append(pa.array([col.default] * table.num_rows, col.type))
+                continue
             raise ValueError(f"family {fam.name!r}: missing column {col.name!r}")
         chunks = table.column(col.name).chunks  # (ChunkedArray.combine_chunks ignores its pool)
         arr = pa.concat_arrays(chunks, memory_pool=ARROW_POOL) if chunks else table.column(col.name).combine_chunks()

@@ -1,0 +1,277 @@
+"""Storage form of the ``request`` family's prompt chains (schema 1.1): shared prefixes by reference.
+
+Each turn of a conversation repeats its session's prefix, so most page hashes of a trace repeat
+an earlier request's. On disk an arrival row stores
+
+- ``prefix_rid``: an earlier request (same rank) whose chain this prompt extends, -1 none;
+- ``prefix_blocks``: how many leading hashes equal that request's (0 with -1);
+- ``page_hashes``: only the hashes after those ``prefix_blocks``.
+
+The full chain is ``full(prefix_rid)[:prefix_blocks] + page_hashes``. Rows of schema 1.0 files
+(no prefix columns) read as ``-1, 0`` and their ``page_hashes`` are already full. No token ids
+are stored and prefix equality stays exact: a reference is only ever made to a request whose
+first ``prefix_blocks`` hashes are those of this prompt.
+
+Writers find the longest earlier chain through the *prefix identity* of each block,
+``chain(page_hashes)`` (the one chain function applied to the hashes themselves as block keys):
+equal identity at block j means equal hashes 0..j, whatever function made the hashes.
+
+- :class:`PrefixIndex`: streaming (the tracer hooks, one per recording process): a
+  direct-mapped table of ``slots`` entries (identity -> request, block), 16 bytes per slot, fixed
+  memory. An overwritten entry only costs compression (the blocks are stored again), never
+  correctness, since a hit compares the full 64-bit identity and the block position.
+- :func:`encode_chains`: offline (the workload writer): every earlier chain, exactly.
+- :func:`expand_chains` / :func:`expand_request_table`: the one decoder (``replay.trace``).
+
+numpy, pyarrow and the standard library only (runs inside the server).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracer.schema.hashing import chain
+
+U64 = np.uint64
+_POS_BITS = 24  # block position within a prompt (2**24 blocks = 268 M tokens at 16 per block)
+_POS_MASK = (1 << _POS_BITS) - 1
+_MAX_RID = (1 << (63 - _POS_BITS)) - 1
+DEFAULT_SLOTS = 1 << 20  # 16 MiB; ``KVTRACE_PREFIX_SLOTS`` in the hooks
+
+
+class PrefixIndex:
+    """Streaming writer side: the longest earlier chain a prompt extends (fixed memory).
+
+    Args:
+        slots: table entries (rounded up to a power of two); 0 turns referencing off.
+    """
+
+    def __init__(self, slots: int = DEFAULT_SLOTS):
+        n = 1 << max(int(slots) - 1, 0).bit_length() if slots > 0 else 0
+        self.mask = U64(max(n - 1, 0))
+        self.ids = np.zeros(n, U64)
+        self.refs = np.full(n, -1, np.int64)  # (rid << 24) | block, -1 empty
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.ids)
+
+    def encode(self, rid: int, page_hashes, chained: bool = False) -> tuple[int, int, np.ndarray]:
+        """Storage form of one arrival's chain, and remember it for later arrivals.
+
+        Args:
+            rid: the arriving request's number (< 0 or too large: referenced by nobody).
+            page_hashes: its full chain (uint64).
+            chained: the hashes come from ``tracer.schema.hashing.chain`` (the hooks' own), so
+                each is already its prefix's identity (saves one chain pass).
+
+        Returns:
+            ``(prefix_rid, prefix_blocks, new_hashes)``; ``(-1, 0, all)`` when no earlier chain
+            shares its first block.
+        """
+        h = np.asarray(page_hashes, dtype=U64).reshape(-1)
+        n = len(h)
+        if n == 0 or not len(self.ids):
+            return -1, 0, h
+        ident = h if chained else chain(h)
+        idx = (ident & self.mask).astype(np.intp)
+        ref = self.refs[idx]
+        pos = np.arange(n, dtype=np.int64)
+        hit = np.flatnonzero((self.ids[idx] == ident) & (ref >= 0) & ((ref & _POS_MASK) == pos))
+        if len(hit):
+            p = int(hit[-1])
+            prefix_rid, prefix_blocks = int(ref[p]) >> _POS_BITS, p + 1
+        else:
+            prefix_rid, prefix_blocks = -1, 0
+        if 0 <= rid <= _MAX_RID and prefix_blocks < n and n <= _POS_MASK:
+            new = idx[prefix_blocks:]
+            self.ids[new] = ident[prefix_blocks:]
+            self.refs[new] = (int(rid) << _POS_BITS) | pos[prefix_blocks:]
+        return prefix_rid, prefix_blocks, h[prefix_blocks:]
+
+    def check_integrity(self) -> None:
+        used = self.refs >= 0
+        assert len(self.ids) == len(self.refs) and (len(self.ids) & (len(self.ids) - 1)) == 0
+        assert np.all((self.ids[used] & self.mask) == np.flatnonzero(used).astype(U64)), "entry in a foreign slot"
+
+
+def encode_chains(rids, flat, offsets) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Offline writer side: each row's longest prefix shared with an earlier row, exactly.
+
+    Args:
+        rids: int64 request number per row (rows in write order; a row may only reference an
+            earlier row, and only a rid that occurs once).
+        flat: uint64 full chains, concatenated; row i owns ``flat[offsets[i]:offsets[i+1]]``.
+        offsets: int64, rows + 1.
+
+    Returns:
+        ``(prefix_rid, prefix_blocks, new_flat, new_offsets)`` in the storage form.
+    """
+    rids = np.asarray(rids, dtype=np.int64)
+    flat = np.asarray(flat, dtype=U64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    rows = len(lengths)
+    prefix_rid = np.full(rows, -1, np.int64)
+    prefix_blocks = np.zeros(rows, np.int32)
+    if len(flat) == 0:
+        return prefix_rid, prefix_blocks, flat, offsets
+    row_of = np.repeat(np.arange(rows), lengths)
+    pos = np.arange(len(flat), dtype=np.int64) - offsets[row_of]
+    ident = chain(flat, lengths)
+    _, first, inverse = np.unique(ident, return_index=True, return_inverse=True)
+    src = first[inverse]  # first occurrence (flat index) of each block's prefix identity
+    uniq, counts = np.unique(rids, return_counts=True)
+    single = np.isin(rids, uniq[counts == 1])
+    usable = (row_of[src] < row_of) & (pos[src] == pos) & single[row_of[src]]
+    # shared blocks: the leading run of usable blocks of each row
+    shared = lengths.copy()
+    bad = np.flatnonzero(~usable)  # sorted, so the first of each row is where the row changes
+    bad_rows = row_of[bad]
+    first = np.concatenate([[True], bad_rows[1:] != bad_rows[:-1]]) if len(bad) else np.zeros(0, bool)
+    shared[bad_rows[first]] = pos[bad[first]]
+    has = np.flatnonzero(shared > 0)
+    ref_row = row_of[src[offsets[has] + shared[has] - 1]]  # holds the identity of the last one
+    # exact check against the referenced chain (an identity collision cuts the prefix, never lies)
+    for i, j in zip(has.tolist(), ref_row.tolist()):
+        m = int(shared[i])
+        a, b = flat[offsets[i]:offsets[i] + m], flat[offsets[j]:offsets[j] + m]
+        if not np.array_equal(a, b):
+            shared[i] = int(np.argmin(a == b))
+    prefix_rid[has] = np.where(shared[has] > 0, rids[ref_row], -1)
+    prefix_blocks[:] = shared
+    keep = pos >= np.repeat(shared, lengths)
+    new_offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum(lengths - shared, out=new_offsets[1:])
+    return prefix_rid, prefix_blocks, flat[keep], new_offsets
+
+
+def expand_chains(rids, seqs, prefix_rid, prefix_blocks, flat, offsets, valid=None):
+    """The one decoder: full chains from the storage form (one rank's rows).
+
+    Args:
+        rids, seqs: int64 per row (a reference resolves to the row of that rid with the highest
+            seq below the referring row's, else the lowest above it).
+        prefix_rid, prefix_blocks: per row (stored form).
+        flat, offsets: stored hashes, concatenated (row i owns ``flat[offsets[i]:offsets[i+1]]``).
+        valid: bool per row, False where ``page_hashes`` is null (never a referent).
+
+    Returns:
+        ``(full_flat, full_offsets, ok, problems)``: ``ok`` is False for rows whose chain
+        cannot be rebuilt (referent missing, e.g. lost with a dropped or unreadable segment, or
+        shorter than ``prefix_blocks``); those rows get an empty chain and a line in
+        ``problems`` naming the row and what was expected.
+    """
+    rids = np.asarray(rids, dtype=np.int64)
+    seqs = np.asarray(seqs, dtype=np.int64)
+    prid = np.asarray(prefix_rid, dtype=np.int64)
+    pblk = np.asarray(prefix_blocks, dtype=np.int64)
+    flat = np.asarray(flat, dtype=U64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    rows = len(rids)
+    valid = np.ones(rows, bool) if valid is None else np.asarray(valid, bool)
+    stored = np.diff(offsets)
+    refs = np.flatnonzero(valid & (pblk > 0))
+    if len(refs) == 0:
+        return flat, offsets, valid.copy(), []
+    by_rid: dict[int, list[int]] = {}
+    for i in np.flatnonzero(valid).tolist():
+        by_rid.setdefault(int(rids[i]), []).append(i)
+    full_len = np.where(valid, stored, 0).astype(np.int64)
+    target = np.full(rows, -1, np.int64)
+    ok = valid.copy()
+    problems: list[str] = []
+    state = np.zeros(rows, np.int8)  # 0 todo, 1 in progress, 2 done
+    state[~valid] = 2
+    state[np.setdiff1d(np.flatnonzero(valid), refs)] = 2
+    order: list[int] = []  # rows with a prefix, referents first
+
+    def referent(i: int) -> int:
+        cands = [j for j in by_rid.get(int(prid[i]), ()) if j != i]
+        if not cands:
+            return -1
+        before = [j for j in cands if seqs[j] < seqs[i]]
+        return max(before, key=lambda j: seqs[j]) if before else min(cands, key=lambda j: seqs[j])
+
+    for start in refs.tolist():
+        stack = [start]
+        while stack:
+            i = stack[-1]
+            if state[i] == 2:
+                stack.pop()
+                continue
+            j = target[i] if state[i] == 1 else referent(i)
+            if state[i] == 0:
+                state[i], target[i] = 1, j
+                if j >= 0 and state[j] != 2:
+                    if state[j] == 1:  # a cycle: cannot come from a writer
+                        j = target[i] = -1
+                    else:
+                        stack.append(j)
+                        continue
+            stack.pop()
+            state[i] = 2
+            if j < 0 or not ok[j] or full_len[j] < pblk[i]:
+                ok[i] = False
+                full_len[i] = 0
+                why = (f"request rid {int(prid[i])} not found" if j < 0 else
+                       f"request rid {int(prid[i])} has {int(full_len[j])} blocks" if ok[j] else
+                       f"request rid {int(prid[i])} could not be rebuilt")
+                problems.append(f"row with seq {int(seqs[i])} (rid {int(rids[i])}): prefix_rid "
+                                f"{int(prid[i])}, prefix_blocks {int(pblk[i])}: {why}; expected an "
+                                "earlier arrival holding that prefix")
+                continue
+            full_len[i] = pblk[i] + stored[i]
+            order.append(i)
+    out_off = np.zeros(rows + 1, np.int64)
+    np.cumsum(full_len, out=out_off[1:])
+    out = np.empty(int(out_off[-1]), U64)
+    plain = np.flatnonzero(valid & ok & (pblk <= 0))
+    if len(plain):  # rows stored whole: one vectorized gather
+        src = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in plain.tolist()])
+        dst = np.concatenate([np.arange(out_off[i], out_off[i + 1]) for i in plain.tolist()])
+        out[dst] = flat[src]
+    for i in order:  # referents are filled before the rows that extend them
+        j, m, o = int(target[i]), int(pblk[i]), int(out_off[i])
+        out[o:o + m] = out[out_off[j]:out_off[j] + m]
+        out[o + m:out_off[i + 1]] = flat[offsets[i]:offsets[i + 1]]
+    return out, out_off, ok, problems
+
+
+def expand_request_table(table: pa.Table) -> tuple[pa.Table, list[str]]:
+    """A ``request`` table of one rank with every arrival's full chain in ``page_hashes``.
+
+    Columns missing from older files are added with their defaults first; after expansion
+    ``prefix_rid`` is -1 and ``prefix_blocks`` 0 on every row (the chains are whole), so
+    expanding twice changes nothing. Rows whose chain cannot be rebuilt get null
+    ``page_hashes`` and a line in the returned problems.
+    """
+    n = table.num_rows
+    if "prefix_rid" not in table.column_names:
+        table = table.append_column("prefix_rid", pa.array(np.full(n, -1, np.int64)))
+    if "prefix_blocks" not in table.column_names:
+        table = table.append_column("prefix_blocks", pa.array(np.zeros(n, np.int32)))
+    pblk = pc.fill_null(table.column("prefix_blocks"), 0).to_numpy()
+    if n == 0 or not (pblk > 0).any():
+        return table, []
+    hashes = table.column("page_hashes").combine_chunks()
+    valid = ~pc.is_null(hashes).to_numpy(zero_copy_only=False)
+    lengths = pc.fill_null(pc.list_value_length(hashes), 0).to_numpy().astype(np.int64)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pc.list_flatten(hashes).to_numpy(zero_copy_only=False).astype(U64)
+    full, full_off, ok, problems = expand_chains(
+        table.column("rid").to_numpy(), table.column("seq").to_numpy(),
+        pc.fill_null(table.column("prefix_rid"), -1).to_numpy(), pblk, flat, offsets, valid)
+    if full_off[-1] >= 2**31:
+        raise ValueError(f"{int(full_off[-1])} page hashes in one rank's request rows; "
+                         "expected fewer than 2**31 (list<uint64> offsets)")
+    mask = pa.array(~(valid & ok))
+    col = pa.ListArray.from_arrays(pa.array(full_off.astype(np.int32)), pa.array(full, pa.uint64()), mask=mask)
+    names = table.column_names
+    table = table.set_column(names.index("page_hashes"), table.schema.field("page_hashes"), col)
+    table = table.set_column(names.index("prefix_rid"), "prefix_rid", pa.array(np.full(n, -1, np.int64)))
+    table = table.set_column(names.index("prefix_blocks"), "prefix_blocks", pa.array(np.zeros(n, np.int32)))
+    return table, problems
