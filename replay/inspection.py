@@ -74,9 +74,17 @@ def summarize(path: str | Path, strict: bool = False) -> dict:
         "drops": tr.num_dropped,
         "bytes": num_bytes,
         "bytes_per_event": round(num_bytes / events, 3) if events else None,
+        "mb_per_rank_hour": mb_per_rank_hour(num_bytes, len(tr.ranks), (hi - lo) if lo is not None else 0),
         "unreadable_files": sorted(str(p) for p in Path(path).rglob("*.unreadable")),
         "problems": [str(p) for p in problems],
     }
 
 
-__all__ = ["summarize", "rank_states", "trace_state"]
+def mb_per_rank_hour(num_bytes: int, num_ranks: int, span_ns: int) -> float | None:
+    """Disk cost of a recording: MB (10^6 bytes) / ranks / span in hours (None: no span)."""
+    if span_ns <= 0:
+        return None
+    return round(num_bytes / 1e6 / max(num_ranks, 1) / (span_ns / 3.6e12), 3)
+
+
+__all__ = ["summarize", "rank_states", "trace_state", "mb_per_rank_hour"]

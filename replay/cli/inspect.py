@@ -45,7 +45,9 @@ def _print(s: dict) -> None:
         click.echo(f"{fam:<10} {n:>12,}")
     click.echo(f"drops      {s['drops']:,} events lost")
     bpe = s["bytes_per_event"]
-    click.echo(f"disk       {s['bytes']:,} bytes" + (f", {bpe:.2f} bytes/event" if bpe else ""))
+    mbh = s.get("mb_per_rank_hour")
+    click.echo(f"disk       {s['bytes']:,} bytes" + (f", {bpe:.2f} bytes/event" if bpe else "")
+               + (f", {mbh:,.2f} MB per rank-hour" if mbh is not None else ""))
     for f in s["unreadable_files"]:
         click.echo(f"unreadable {f} (bytes recovery could not read, kept aside)")
     for p in s["problems"]:
