@@ -45,15 +45,8 @@ def _polars(t, pools, win, burst_factor):
     import polars as pl
 
     bucket = ((pl.col("ts_ns") // win) * win).alias("t_ns")
-    slots = pl.col("num_slots").cast(pl.Int64)
     op = pl.col("op").cast(pl.String)
-    allocs = (t.lazy("pool")
-              .filter(pl.col("pool").cast(pl.String).is_in(pools) & op.is_in(("alloc", "free")))
-              .group_by(pl.col("pool").cast(pl.String), bucket)
-              .agg(alloc_tokens=slots.filter(op == "alloc").sum(),
-                   free_tokens=slots.filter(op == "free").sum(),
-                   alloc_ops=(op == "alloc").sum().cast(pl.Int64),
-                   free_ops=(op == "free").sum().cast(pl.Int64)))
+    allocs = _allocs_polars(t, pools, win)
     cache = t.lazy("cache").with_columns(op=op)
     parts = []
     for cop, col, pool in _EVICT_SOURCES:
@@ -78,6 +71,27 @@ def _polars(t, pools, win, burst_factor):
                 pl.col("evicted_tokens") > burst_factor * pl.col("evicted_tokens").mean().over("pool")))
             .select(OUT_COLUMNS)
             .sort("pool", "t_ns"))
+
+
+def _allocs_polars(t, pools, win):
+    """alloc/free tokens and ops per (pool, window): the big part (every allocator event), run on
+    the streaming engine inside ``pl.defer`` (flat memory even under a plain ``.collect()``),
+    grouping on the stored enum (no per-row string cast)."""
+    import polars as pl
+
+    is_alloc = pl.col("op") == "alloc"
+    slots = pl.col("num_slots").cast(pl.Int64)
+    q = (t.lazy("pool")
+         .select("ts_ns", "pool", "op", "num_slots")
+         .filter(pl.col("pool").is_in(pools) & pl.col("op").is_in(("alloc", "free")))
+         .group_by("pool", t_ns=(pl.col("ts_ns") // win) * win)
+         .agg(alloc_tokens=pl.when(is_alloc).then(slots).otherwise(0).sum(),
+              free_tokens=pl.when(is_alloc).then(0).otherwise(slots).sum(),
+              alloc_ops=is_alloc.cast(pl.Int64).sum(),
+              free_ops=(~is_alloc).cast(pl.Int64).sum()))
+    schema = {"pool": pl.String, "t_ns": pl.Int64, "alloc_tokens": pl.Int64, "free_tokens": pl.Int64,
+              "alloc_ops": pl.Int64, "free_ops": pl.Int64}
+    return pl.defer(lambda: q.collect(engine="streaming").cast(schema), schema=schema)
 
 
 def _duckdb(t, pools, win, burst_factor):
