@@ -46,7 +46,8 @@ def test_make_incidents_regenerates_equal_content(tmp_path):
             assert a.column(c).to_pylist() == b.column(c).to_pylist(), f"{fam}.{c}"
     bj_old, bj_new = (json.loads((p / "backend.json").read_text()) for p in (old, new))
     assert bj_new["incident"] == bj_old["incident"] and bj_new["incident"]["planted"] > 0
-    assert bj_new["settings"] == bj_old["settings"]
+    common = set(bj_new["settings"]) & set(bj_old["settings"])  # settings gain and lose knobs over time
+    assert {k: bj_new["settings"][k] for k in common} == {k: bj_old["settings"][k] for k in common}
     assert bj_new["result"]["num_finished"] == bj_old["result"]["num_finished"]
 
 
