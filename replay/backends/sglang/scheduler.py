@@ -214,6 +214,7 @@ def _make_scheduler_class():
 
 
 _SCHEDULER_CLASS: list = []
+_PARALLEL_READY: list = []  # non-empty once sglang's parallel groups exist in this process
 
 
 def _discard_output(*args, **kwargs) -> None:
@@ -390,9 +391,18 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
     cls = _SCHEDULER_CLASS[0]
     cls._kvtrace_backend = backend
     backend._reqs = {}
+    from sglang.srt.distributed import bootstrap as dist
+
+    original = dist.init_parallel_runtime
+    if _PARALLEL_READY:
+        # One process-wide world (tp=pp=dp=1, gloo on CPU) serves every replay Scheduler:
+        # sglang refuses to build its groups twice, and a later Scheduler reuses them.
+        dist.init_parallel_runtime = lambda **kwargs: None
     try:
         sched = cls(args, port_args)
+        _PARALLEL_READY.append(True)
     finally:
+        dist.init_parallel_runtime = original
         cls._kvtrace_backend = None
     sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
     sched.ipc_channels.send_to_detokenizer.send_output = _discard_output
