@@ -12,6 +12,11 @@ the ``array('q')`` of token ids plus that row's page hashes, session, turn, plan
 and arrival time. The arrival row then records the declared values (the workload's own hash
 chain, not a hash of the synthesized ids; the row is stamped at the declared arrival time on a
 ``clock="manual"`` recorder), so a recorded run's requests are the workload's requests.
+
+Shared prefixes are written once (schema 1.1, ``tracer.schema.prefixes``): each recording
+process keeps a :class:`~tracer.schema.prefixes.PrefixIndex` (``KVTRACE_PREFIX_SLOTS`` slots,
+default 2^20 = 16 MiB; 0 stores every chain whole) and an arrival row carries ``prefix_rid``,
+``prefix_blocks`` and only the hashes after them. Readers (``replay.trace``) see whole chains.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import tracer
 from tracer.schema import RequestEvent
 from tracer.schema.hashing import page_hashes_from_tokens
+from tracer.schema.prefixes import DEFAULT_SLOTS, PrefixIndex
 from tracer.sglang import state
 
 _NOOP = state._NOOP
@@ -83,6 +89,29 @@ def page_hashes(token_ids, block_tokens: int) -> np.ndarray | None:
     return page_hashes_from_tokens(token_ids, block_tokens)
 
 
+class _Prefixes:
+    """The prefix index of the active recording (a new recording starts an empty one)."""
+
+    recorder = None
+    index: PrefixIndex | None = None
+
+
+def prefix_index() -> PrefixIndex:
+    """The active recording's prefix index (created on first use)."""
+    rec = tracer._active
+    if _Prefixes.recorder is not rec or _Prefixes.index is None:
+        slots = int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
+        _Prefixes.recorder, _Prefixes.index = rec, PrefixIndex(slots)
+    return _Prefixes.index
+
+
+def stored_prefix(rid: int, hashes, chained: bool) -> tuple[int, int, np.ndarray | None]:
+    """``(prefix_rid, prefix_blocks, hashes to store)`` of an arrival (``PrefixIndex.encode``)."""
+    if hashes is None:
+        return -1, 0, None
+    return prefix_index().encode(rid, hashes, chained=chained)
+
+
 def _max_new(req) -> int:
     try:
         return int(req.sampling_params.max_new_tokens or 0)
@@ -96,9 +125,10 @@ def emit_arrival(req) -> None:
     if type(ids) is DeclaredPrompt:
         _emit_declared_arrival(req, ids)
         return
-    tracer.request(ARRIVAL, state.rid_of(req), state.session_for(getattr(req, "session_id", None)),
-                   -1, len(ids), -1, _max_new(req), -1, str(req.rid),
-                   page_hashes(ids, hash_block_tokens()))
+    rid = state.rid_of(req)
+    prefix_rid, prefix_blocks, new = stored_prefix(rid, page_hashes(ids, hash_block_tokens()), True)
+    tracer.request(ARRIVAL, rid, state.session_for(getattr(req, "session_id", None)),
+                   -1, len(ids), -1, _max_new(req), -1, str(req.rid), new, prefix_rid, prefix_blocks)
 
 
 def _emit_declared_arrival(req, ids: DeclaredPrompt) -> None:
@@ -109,8 +139,10 @@ def _emit_declared_arrival(req, ids: DeclaredPrompt) -> None:
         now = tracer.tick()
         tracer.set_clock(at)
     try:
-        tracer.request(ARRIVAL, state.rid_of(req), ids.session_id, ids.turn, len(ids), ids.output_len,
-                       _max_new(req), -1, str(req.rid), ids.page_hashes)
+        rid = state.rid_of(req)
+        prefix_rid, prefix_blocks, new = stored_prefix(rid, ids.page_hashes, False)
+        tracer.request(ARRIVAL, rid, ids.session_id, ids.turn, len(ids), ids.output_len,
+                       _max_new(req), -1, str(req.rid), new, prefix_rid, prefix_blocks)
     finally:
         if manual:
             tracer.set_clock(now)
