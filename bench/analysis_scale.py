@@ -1,10 +1,12 @@
 """Scale of the analysis queries: build an N-event ``pool`` + ``stats`` trace on disk with pyarrow,
 then time ``occupancy`` and ``churn`` in DuckDB and in Polars, each in a fresh process (peak RSS =
-its VmHWM). Optionally the capacity curve of a workload.
+its VmHWM; CPU seconds too, since the machine is shared), check that both engines return the
+same rows, and report the 1-min load average around the run. Optionally the capacity curve of a
+workload.
 
     .venv/bin/python bench/analysis_scale.py --json                      # 100 M events
     .venv/bin/python bench/analysis_scale.py --events 10000000 --json
-    .venv/bin/python bench/analysis_scale.py --capacity data/workloads/production_1h --json
+    .venv/bin/python bench/analysis_scale.py --capacity data/workloads/production_1h --capacity-only --json
 """
 
 from __future__ import annotations
@@ -69,22 +71,28 @@ def build(out: Path, events: int) -> dict:
 _CHILD = """
 import json, sys, time
 from replay.analysis import occupancy, churn, capacity_curve
-what, engine, path = sys.argv[1:4]
-t0 = time.perf_counter()
+what, engine, path, out = sys.argv[1:5]
+t0, c0 = time.perf_counter(), time.process_time()
+rows = 0
 if what == "capacity":
-    capacity_curve(path)
+    rows = len(capacity_curve(path).capacity_tokens)
 else:
     q = (occupancy(path, resample="1s", engine=engine) if what == "occupancy"
          else churn(path, window="1s", engine=engine))
-    rows = q.collect().height if engine == "polars" else len(q.fetchall())
-s = time.perf_counter() - t0
+    df = q.collect() if engine == "polars" else q.pl()
+    rows = df.height
+s, cpu = time.perf_counter() - t0, time.process_time() - c0
+if what != "capacity":
+    df.write_parquet(out)
 rss = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0] / 1024
-print(json.dumps({"s": s, "rss_mb": rss}))
+print(json.dumps({"s": s, "cpu_s": cpu, "rss_mb": rss, "rows": rows}))
 """
 
 
-def timed(what: str, engine: str, path: Path) -> dict:
-    r = subprocess.run([sys.executable, "-c", _CHILD, what, engine, str(path)], capture_output=True, text=True)
+def timed(what: str, engine: str, path: Path, out: Path) -> dict:
+    """Run one query in a fresh process (so its VmHWM is its own peak RSS); its rows go to ``out``."""
+    r = subprocess.run([sys.executable, "-c", _CHILD, what, engine, str(path), str(out)],
+                       capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"{what}/{engine} failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -95,25 +103,45 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=100_000_000, help="pool events to build (default 100 M)")
     ap.add_argument("--dir", default=None, help="where to build the trace (default: a temp dir, removed)")
     ap.add_argument("--capacity", default=None, help="also time capacity_curve of this workload/trace")
+    ap.add_argument("--capacity-only", action="store_true", help="skip the event trace (with --capacity)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args()
     import shutil
 
+    import polars as pl
+    from polars.testing import assert_frame_equal
+
+    from replay.analysis.occupancy import events_in_seq_order
+
     root = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="kvtrace-scale-"))
+    res = {"events": a.events, "load_avg_1m_start": round(os.getloadavg()[0], 2)}
     try:
-        info = build(root / "trace", a.events)
-        res = {"events": a.events, "trace_bytes": info["bytes"], "build_s": round(info["build_s"], 2)}
-        peak = 0.0
-        for what in ("occupancy", "churn"):
-            for engine in ("duckdb", "polars"):
-                m = timed(what, engine, root / "trace")
-                res[f"{engine}_{what}_s"] = round(m["s"], 2)
-                res[f"{engine}_{what}_rss_mb"] = round(m["rss_mb"])
-                peak = max(peak, m["rss_mb"])
-        res["peak_rss_mb"] = round(peak)
+        if a.capacity_only:
+            res.pop("events")
+        else:
+            info = build(root / "trace", a.events)
+            res.update(trace_bytes=info["bytes"], build_s=round(info["build_s"], 2),
+                       occupancy_streaming=events_in_seq_order(root / "trace"))
+            peak = 0.0
+            for what in ("occupancy", "churn"):
+                outs = {}
+                for engine in ("duckdb", "polars"):
+                    outs[engine] = root / f"{what}-{engine}.parquet"
+                    m = timed(what, engine, root / "trace", outs[engine])
+                    res[f"{engine}_{what}_s"] = round(m["s"], 2)
+                    res[f"{engine}_{what}_cpu_s"] = round(m["cpu_s"], 2)
+                    res[f"{engine}_{what}_rss_mb"] = round(m["rss_mb"])
+                    peak = max(peak, m["rss_mb"])
+                a_, b_ = (pl.read_parquet(outs[e]) for e in ("duckdb", "polars"))
+                assert_frame_equal(a_, b_)  # raises if the engines disagree
+                res[f"{what}_rows"] = a_.height
+                res[f"{what}_engines_agree"] = True
+            res["peak_rss_mb"] = round(peak)
         if a.capacity:
-            m = timed("capacity", "polars", Path(a.capacity))
-            res["capacity_curve_s"], res["capacity_curve_rss_mb"] = round(m["s"], 2), round(m["rss_mb"])
+            m = timed("capacity", "polars", Path(a.capacity), root / "capacity.parquet")
+            res["capacity_curve_s"], res["capacity_curve_cpu_s"] = round(m["s"], 2), round(m["cpu_s"], 2)
+            res["capacity_curve_rss_mb"] = round(m["rss_mb"])
+        res["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     finally:
         if not a.dir:
             shutil.rmtree(root, ignore_errors=True)
