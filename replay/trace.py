@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from replay.errors import KvtraceError
@@ -121,12 +122,10 @@ class Trace:
             names = pf.schema_arrow.names
             if any(c.name not in names for c in fam.columns):
                 return True
-            if family == "request":
-                i = names.index("prefix_blocks")
-                for g in range(pf.metadata.num_row_groups):
-                    st = pf.metadata.row_group(g).column(i).statistics
-                    if st is None or not st.has_min_max or st.max > 0:
-                        return True
+            if family == "request" and pf.metadata.num_rows:
+                blocks = pf.read(columns=["prefix_blocks"]).column(0)
+                if (pa.compute.max(blocks).as_py() or 0) > 0:
+                    return True
         return False
 
     def lazy(self, family: str, rank: int | None = None):

@@ -242,3 +242,17 @@ def test_multi_turn_sample_is_much_smaller_than_whole_chains(tmp_path):
 
 
 RATIO_BOUND = 0.65  # measured 0.61 (761 kB vs 1248 kB; zstd already folds repeats close together)
+
+
+def test_inspect_reports_mb_per_rank_hour(tmp_path):
+    from click.testing import CliRunner
+
+    from replay.cli import main
+
+    res = CliRunner().invoke(main, ["inspect", "--json", "data/workloads/multi_turn"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)
+    hours = s["span_ns"] / 3.6e12
+    assert s["mb_per_rank_hour"] == pytest.approx(s["bytes"] / 1e6 / len(s["ranks"]) / hours, rel=1e-3)
+    text = CliRunner().invoke(main, ["inspect", "data/workloads/multi_turn"]).output
+    assert f"{s['mb_per_rank_hour']:,.2f} MB per rank-hour" in text
