@@ -1,0 +1,148 @@
+"""Agreement of sglang's own ``Scheduler`` (``scheduler=real``) with the restated loop (``mirror``).
+
+Each case records the same workload through both schedulers with the tracer hooks on
+(``record_run``) and compares the two traces read back with ``replay.trace.open_trace``:
+
+- admissions: every ``sched`` admit/retract row (rid, prefix, extend, host hit, chunk asked and
+  admitted, verdict, remaining budgets), in order;
+- hits and evictions: every ``cache`` row (op, rid, hits, tokens per component, nodes,
+  tombstones), in order;
+- per-step occupancy: the non-idle ``sched`` step rows (mode, batch size, tokens) in order and
+  every ``stats`` sample's (pool, available, evictable, protected, held), in order;
+- the loops' own results (finished, aborted, retractions, steps, cached tokens, virtual clock).
+
+Bundled workloads are cut to their first requests (``N_BUNDLED``) on small pools, so eviction,
+chunking and SWA pressure all happen within a few seconds of CI time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pytest
+
+from replay.backends.sglang import load_workload
+from replay.backends.sglang.settings import SglangSettings
+
+from tests.sglang.backend_util import blocks, req, workload
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "workloads"
+BUNDLED = sorted(p.name for p in DATA.iterdir() if p.is_dir()) if DATA.is_dir() else []
+N_BUNDLED = 40
+#: Small pools: the bundled prompts (up to ~8k tokens) fit, but 40 requests evict and chunk.
+SMALL = dict(full_pool_tokens=32768, swa_full_tokens_ratio=0.25, chunked_prefill_size=2048,
+             max_prefill_tokens=4096, max_running_requests=16)
+
+_SCHED_COLS = ["kind", "rid", "prefix_len", "extend_len", "host_hit_len", "chunk_requested",
+               "chunk_admitted", "verdict", "rem_total", "rem_swa", "swa_needed"]
+_CACHE_COLS = ["op", "rid", "device_hit", "host_hit", "swa_host_hit", "full_tokens", "swa_tokens",
+               "host_tokens", "nodes", "tombstones"]
+_STATS_COLS = ["pool", "capacity", "available", "evictable", "protected", "held"]
+
+
+def _record(w, settings: SglangSettings, out: Path):
+    from replay.backends.sglang.run import record_run
+
+    return record_run(w, settings, out)
+
+
+def _views(trace_dir: Path) -> dict[str, list[tuple]]:
+    import polars as pl
+
+    from replay.trace import open_trace
+    from tracer.schema import Mode, SchedKind
+
+    t = open_trace(trace_dir)
+    sched = t.lazy("sched").sort("seq").collect()
+    steps = sched.filter((pl.col("kind") == int(SchedKind.STEP)) & (pl.col("mode") != int(Mode.IDLE)))
+    decisions = sched.filter(pl.col("kind") != int(SchedKind.STEP))
+    cache = t.lazy("cache").sort("seq").collect()
+    stats = t.lazy("stats").sort("seq").collect()
+    return {
+        "admissions": decisions.select(_SCHED_COLS).rows(),
+        "steps": steps.select(["mode", "batch_size", "num_tokens"]).rows(),
+        "cache": cache.select(_CACHE_COLS).rows(),
+        "stats": stats.select(_STATS_COLS).rows(),
+    }
+
+
+def _first_difference(a: list, b: list) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"row {i}: mirror {x} != real {y}"
+    return f"lengths differ: mirror {len(a)} rows, real {len(b)} rows"
+
+
+def assert_agree(w, settings: SglangSettings, tmp_path: Path) -> dict:
+    runs = {}
+    for sched in ("mirror", "real"):
+        s = dataclasses.replace(settings, scheduler=sched)
+        runs[sched] = (_record(w, s, tmp_path / sched), _views(tmp_path / sched))
+    (rm, vm), (rr, vr) = runs["mirror"], runs["real"]
+    for key in ("num_requests", "num_finished", "num_aborted", "num_retractions", "num_prefill_steps",
+                "num_decode_steps", "prefill_tokens", "decode_tokens", "cached_tokens", "clock_ns"):
+        assert getattr(rm.result, key) == getattr(rr.result, key), (
+            f"{key}: mirror {getattr(rm.result, key)} != real {getattr(rr.result, key)}")
+    for view in ("admissions", "steps", "cache", "stats"):
+        assert vm[view] == vr[view], f"{view} differ: {_first_difference(vm[view], vr[view])}"
+    assert vm["steps"] and vm["stats"]
+    return vm
+
+
+def _truncated(name: str, n: int):
+    w = load_workload(DATA / name)
+    w.__dict__["requests"] = w.requests[:n]  # the cached property: the first n arrivals
+    return w
+
+
+#: Divergences found and not yet explained (docs/sglang.md, "Agreement with the mirror").
+KNOWN_DIVERGENCES = {
+    "agentic": "with nothing running, the real Scheduler admits a waiting request as a chunk one idle "
+               "step after the mirror refuses it (the mirror then aborts it as unschedulable)",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DIVERGENCES[n])) if n in KNOWN_DIVERGENCES
+    else n for n in BUNDLED])
+def test_bundled_workload_agrees(name, tmp_path):
+    w = _truncated(name, N_BUNDLED)
+    views = assert_agree(w, SglangSettings(**SMALL), tmp_path)
+    assert views["cache"], "no cache operation recorded"
+
+
+def _random_rows(seed: int) -> list[dict]:
+    """Sessions and one-off prompts with shared prefixes, random lengths and arrival gaps."""
+    rng = random.Random(seed)
+    rows, t_ms = [], 0.0
+    system = blocks(("sys", seed), rng.randint(2, 10))
+    history: dict[int, list[int]] = {}
+    for rid in range(rng.randint(12, 24)):
+        t_ms += rng.expovariate(1 / 150.0)
+        if rng.random() < 0.6:
+            s = rng.randrange(4)
+            hist = history.setdefault(s, list(system)) + blocks(("u", seed, rid), rng.randint(1, 12))
+            history[s] = hist + blocks(("a", seed, rid), 1)
+            rows.append(req(rid, t_ms, list(hist), out=rng.randint(1, 60), max_new=64, session=s,
+                            turn=len(hist)))
+        else:
+            rows.append(req(rid, t_ms, system + blocks(("o", seed, rid), rng.randint(1, 40)),
+                            out=rng.randint(1, 40), max_new=rng.choice([40, 80])))
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_randomized_workload_agrees(seed, tmp_path):
+    rng = random.Random(100 + seed)
+    settings = SglangSettings(
+        page_size=rng.choice([1, 16]), sliding_window_tokens=rng.choice([0, 64, 128]),
+        full_pool_tokens=rng.choice([4096, 8192]), swa_full_tokens_ratio=0.5,
+        chunked_prefill_size=rng.choice([256, 1024]), max_prefill_tokens=2048,
+        max_running_requests=rng.choice([4, 8]),
+        swa_admission=rng.choice(["all_or_nothing", "shrink_never_fits"]))
+    w = workload(tmp_path, _random_rows(seed))
+    assert_agree(w, settings, tmp_path)
