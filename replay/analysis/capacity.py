@@ -92,8 +92,7 @@ def capacity_curve(trace_or_workload, pool: str = "full", policy: str = "lru",
         raise ValueError(f"page_size={ps} is not a multiple of hash_block_tokens={hb}")
     reqs = _load(t, ps // hb)
     events, usable, prompt_tokens = _events(reqs, ps)
-    stack = _stack_pass(events, usable)
-    distinct = int(np.unique(np.concatenate([e[2] for e in events])).size) if events else 0
+    stack, distinct = _stack_pass(events, usable)
     if capacities_tokens is None:
         top = max(distinct, 1) * ps
         capacities_tokens = np.unique(np.geomspace(ps, top * 1.05, 64).astype(np.int64) // ps * ps)
@@ -150,15 +149,25 @@ def _events(reqs: list[dict], ps: int):
     return events, usable, prompt
 
 
-def _stack_pass(events, usable) -> np.ndarray:
-    """Sorted running-max stack distances (pages) of every usable prompt page of every match."""
+def _stack_pass(events, usable) -> tuple[np.ndarray, int]:
+    """Sorted running-max stack distances (pages) of every usable prompt page of every match,
+    and the number of distinct pages.
+
+    ``cnt[x]`` is the number of pages whose last touch is event ``x``; the pages touched more
+    recently than a page last touched at ``p`` number ``live - prefix(p)``. The prefix sums come
+    from a Fenwick tree over event indices, updated and queried for a whole event's pages at a
+    time (numpy), so the pass is O(touches x log events) rather than O(events^2)."""
     if not events:
-        return np.zeros(0, np.int64)
-    allp = np.concatenate([e[2] for e in events]).astype(np.uint64)
-    _, dense = np.unique(allp, return_inverse=True)
-    offsets = np.cumsum([0] + [len(e[2]) for e in events])
-    last = np.full(int(dense.max()) + 1 if len(dense) else 1, -1, np.int64)
+        return np.zeros(0, np.int64), 0
+    sizes = np.fromiter((len(e[2]) for e in events), np.int64, len(events))
+    allp = np.concatenate([e[2] for e in events]).astype(np.uint64, copy=False)
+    uniq, dense = np.unique(allp, return_inverse=True)
+    del allp
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    last = np.full(max(len(uniq), 1), -1, np.int64)
     cnt = np.zeros(len(events) + 1, np.int64)
+    tree = _Fenwick(len(events) + 1)
+    live = 0  # pages with a last touch so far (Σ cnt)
     out = []
     for e, (_, _, pages, ridx) in enumerate(events):
         ids = dense[offsets[e]:offsets[e + 1]]
@@ -168,20 +177,53 @@ def _stack_pass(events, usable) -> np.ndarray:
             if u:
                 p = prev[:u]
                 seen = p >= 0
-                csum = np.cumsum(cnt[:e])
                 d = np.full(u, _NEVER, np.int64)
                 if seen.any():
                     ps_ = p[seen]
                     # pages whose last touch is after prev (strictly), plus the ancestors touched
                     # in the same event (a leaf-first LRU refreshes ancestors last).
-                    newer = (csum[e - 1] if e else 0) - csum[ps_]
+                    newer = live - tree.prefix(ps_)
                     d[seen] = newer + np.minimum(np.nonzero(seen)[0], cnt[ps_])
                 out.append(np.maximum.accumulate(d))
         valid = prev[prev >= 0]
         if len(valid):
-            cnt[:e] -= np.bincount(valid, minlength=e)[:e]
-        cnt[e] += len(ids)
+            at, n = np.unique(valid, return_counts=True)
+            cnt[at] -= n
+            tree.add(at, -n)
+            live -= len(valid)
+        if len(ids):
+            cnt[e] += len(ids)
+            tree.add(np.array([e]), np.array([len(ids)], np.int64))
+            live += len(ids)
         last[ids] = e
     if not out:
-        return np.zeros(0, np.int64)
-    return np.sort(np.concatenate(out))
+        return np.zeros(0, np.int64), len(uniq)
+    return np.sort(np.concatenate(out)), len(uniq)
+
+
+class _Fenwick:
+    """Binary indexed tree of int64 over positions 0..n-1, vectorized over index arrays."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.t = np.zeros(n + 1, np.int64)
+
+    def add(self, idx: np.ndarray, delta: np.ndarray) -> None:
+        i = idx.astype(np.int64) + 1
+        delta = delta.astype(np.int64)
+        while len(i):
+            np.add.at(self.t, i, delta)
+            i = i + (i & -i)
+            keep = i <= self.n
+            i, delta = i[keep], delta[keep]
+
+    def prefix(self, idx: np.ndarray) -> np.ndarray:
+        """Σ of positions 0..idx (inclusive), per element of ``idx``."""
+        i = idx.astype(np.int64) + 1
+        s = np.zeros(len(i), np.int64)
+        while True:
+            m = i > 0
+            if not m.any():
+                return s
+            s[m] += self.t[i[m]]
+            i = np.where(m, i - (i & -i), 0)
