@@ -77,18 +77,42 @@ class PrefixIndex:
             return -1, 0, h
         ident = h if chained else chain(h)
         idx = (ident & self.mask).astype(np.intp)
-        ref = self.refs[idx]
-        pos = np.arange(n, dtype=np.int64)
-        hit = np.flatnonzero((self.ids[idx] == ident) & (ref >= 0) & ((ref & _POS_MASK) == pos))
-        if len(hit):
-            p = int(hit[-1])
-            prefix_rid, prefix_blocks = int(ref[p]) >> _POS_BITS, p + 1
+        ids, refs = self.ids, self.refs
+
+        def hit(p: int) -> bool:  # block p of an earlier chain sits in its slot
+            i = idx[p]
+            r = int(refs[i])
+            return r >= 0 and (r & _POS_MASK) == p and ids[i] == ident[p]
+
+        # The blocks found form a prefix of the chain (an earlier chain holding block j holds
+        # 0..j) unless a slot was overwritten since, which happens to older blocks first. So
+        # gallop back from the last block (n-1, n-2, n-4, ...) to a hit, then bisect towards
+        # the miss after it: a few scalar probes instead of a gather over the whole chain. An
+        # overwritten slot may make it settle on a shorter prefix, which costs bytes, never
+        # correctness (every answer is a verified hit).
+        lo, hi, step = -1, n, 1
+        p = n - 1
+        while p >= 0:
+            if hit(p):
+                lo = p
+                break
+            hi, p, step = p, p - step, step * 2
+        if lo < 0 and hi > 0 and hit(0):
+            lo = 0
+        while lo >= 0 and hi - lo > 1:
+            mid = (lo + hi) // 2
+            if hit(mid):
+                lo = mid
+            else:
+                hi = mid
+        if lo >= 0:
+            prefix_rid, prefix_blocks = int(refs[idx[lo]]) >> _POS_BITS, lo + 1
         else:
             prefix_rid, prefix_blocks = -1, 0
         if 0 <= rid <= _MAX_RID and prefix_blocks < n and n <= _POS_MASK:
             new = idx[prefix_blocks:]
-            self.ids[new] = ident[prefix_blocks:]
-            self.refs[new] = (int(rid) << _POS_BITS) | pos[prefix_blocks:]
+            ids[new] = ident[prefix_blocks:]
+            refs[new] = (int(rid) << _POS_BITS) | np.arange(prefix_blocks, n, dtype=np.int64)
         return prefix_rid, prefix_blocks, h[prefix_blocks:]
 
     def check_integrity(self) -> None:
