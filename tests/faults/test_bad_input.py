@@ -165,3 +165,52 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, 
     assert "kvtrace: error: unexpected ZeroDivisionError: planted (run with --debug for the traceback)" in res.output
     res = _invoke("--debug", "inspect", tmp_path)
     assert isinstance(res.exception, ZeroDivisionError)
+
+
+def _copy_with(base: Path, dst: Path, edit) -> Path:
+    shutil.copytree(base, dst)
+    edit(dst)
+    return dst
+
+
+def test_record_refuses_bad_workloads_and_outputs_before_running(tmp_path, base_workload):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def v2(w):
+        m = json.loads((w / "manifest.json").read_text())
+        (w / "manifest.json").write_text(json.dumps(dict(m, schema_version="2.0")))
+
+    def wrong_type(w):
+        f = next((w / "request").rglob("*.parquet"))
+        t = pq.read_table(f)
+        i = t.column_names.index("input_len")
+        pq.write_table(t.set_column(i, "input_len", pa.array([str(x) for x in t.column(i).to_pylist()])), f)
+
+    cases = [
+        (("--workload", _copy_with(base_workload, tmp_path / "v2", v2), "--out", tmp_path / "o1"),
+         "schema_version 2.0 is not supported"),
+        (("--workload", _copy_with(base_workload, tmp_path / "wt", wrong_type), "--out", tmp_path / "o2"),
+         "column 'input_len' has type string; expected int32"),
+        (("--workload", base_workload, "--out", tmp_path / "o3", "--set", "max_context_tokens=64"),
+         "--set max_context_tokens=64: a request row that small cannot hold"),
+        (("--workload", base_workload, "--out", tmp_path), "a non-empty directory that is not a kvtrace trace"),
+        (("--workload", base_workload, "--out", tmp_path / "v2" / "manifest.json" / "x"), "is a file"),
+        (("--workload", base_workload, "--out", tmp_path / "o4", "--set", "swa_full_tokens_ratio=nan"),
+         "swa_full_tokens_ratio"),
+    ]
+    for args, needle in cases:
+        res = _invoke("record", *args)
+        _no_traceback(res)
+        assert res.exit_code == 2 and needle in res.output, (args, res.output)
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_record_with_every_request_aborted_fails(tmp_path, base_workload):
+    res = _invoke("record", "--workload", base_workload, "--out", tmp_path / "t", "--json",
+                  "--set", "max_running_requests=1", "--set", "full_pool_tokens=4096")
+    _no_traceback(res)
+    assert res.exit_code == 2, res.output
+    assert "all 5 requests were aborted" in res.output and "backend.json" in res.output
