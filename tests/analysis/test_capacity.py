@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replay.analysis import capacity_curve
 from tests.analysis.conftest import S, write_trace
@@ -44,3 +47,46 @@ def test_refuses_swa_and_non_lru(tmp_path):
         capacity_curve(wl, pool="swa")
     with pytest.raises(ValueError, match="inclusion"):
         capacity_curve(wl, policy="lfu")
+
+
+def _stack_pass_quadratic(events, usable):
+    """The stack pass restated the plain O(events^2) way (prefix sums recomputed per event)."""
+    if not events:
+        return np.zeros(0, np.int64)
+    allp = np.concatenate([e[2] for e in events]).astype(np.uint64)
+    _, dense = np.unique(allp, return_inverse=True)
+    offsets = np.cumsum([0] + [len(e[2]) for e in events])
+    last = np.full(int(dense.max()) + 1 if len(dense) else 1, -1, np.int64)
+    cnt = np.zeros(len(events) + 1, np.int64)
+    out = []
+    for e, (_, _, pages, ridx) in enumerate(events):
+        ids = dense[offsets[e]:offsets[e + 1]]
+        prev = last[ids]
+        if ridx >= 0 and usable[ridx]:
+            p = prev[:usable[ridx]]
+            seen = p >= 0
+            d = np.full(len(p), np.iinfo(np.int64).max, np.int64)
+            if seen.any():
+                newer = cnt[:e].sum() - np.cumsum(cnt[:e])[p[seen]]
+                d[seen] = newer + np.minimum(np.nonzero(seen)[0], cnt[p[seen]])
+            out.append(np.maximum.accumulate(d))
+        valid = prev[prev >= 0]
+        if len(valid):
+            cnt[:e] -= np.bincount(valid, minlength=e)[:e]
+        cnt[e] += len(ids)
+        last[ids] = e
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 30), max_size=12), st.booleans(), st.integers(0, 12)),
+                min_size=1, max_size=40))
+def test_fenwick_stack_pass_equals_the_quadratic_one(raw):
+    from replay.analysis.capacity import _stack_pass
+
+    events = [(k, k, np.asarray(pages, np.uint64), k if is_match else -1)
+              for k, (pages, is_match, _) in enumerate(raw)]
+    usable = {k: min(len(pages), u) for k, (pages, _, u) in enumerate(raw)}
+    got, distinct = _stack_pass(events, usable)
+    assert np.array_equal(got, _stack_pass_quadratic(events, usable))
+    assert distinct == len({p for pages, _, _ in raw for p in pages})
