@@ -30,7 +30,10 @@ from tests.live import live_util as lu
 from tests.live import trace_checks as tc
 from tests.sglang.hooks_util import identity_mismatches, ledger_mismatches
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
+# One worker runs the whole module (make test uses --dist loadgroup): one server start, not one
+# per xdist worker.
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.xdist_group("test_live_pth_swa_dp")]
 
 PREFIX = list(range(100, 164))  # 64 shared tokens: two windows
 
