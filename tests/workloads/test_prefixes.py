@@ -256,3 +256,19 @@ def test_inspect_reports_mb_per_rank_hour(tmp_path):
     assert s["mb_per_rank_hour"] == pytest.approx(s["bytes"] / 1e6 / len(s["ranks"]) / hours, rel=1e-3)
     text = CliRunner().invoke(main, ["inspect", "data/workloads/multi_turn"]).output
     assert f"{s['mb_per_rank_hour']:,.2f} MB per rank-hour" in text
+
+
+def test_hooks_keep_one_prefix_index_per_recording(tmp_path):
+    from tracer.sglang.requests import stored_prefix
+
+    flat, offsets = _flat([[1, 2, 3], [1, 2, 3, 4]])
+    a, b = flat[:3], flat[3:]
+    tracer.start(tmp_path / "a", hash_block_tokens=16)
+    assert stored_prefix(0, a, True)[:2] == (-1, 0)
+    prid, pblk, new = stored_prefix(1, b, True)
+    assert (prid, pblk, new.tolist()) == (0, 3, b[3:].tolist())
+    assert stored_prefix(2, None, True) == (-1, 0, None)  # hashing off
+    tracer.stop()
+    tracer.start(tmp_path / "b", hash_block_tokens=16)  # a new trace never refers to the old one
+    assert stored_prefix(0, b, True)[:2] == (-1, 0)
+    tracer.stop()
