@@ -88,6 +88,8 @@ def numpy_used_events_max(path: Path, res: int, pools=KV) -> pl.DataFrame:
         run = np.cumsum(np.where(part["op"].to_numpy() == "alloc", n, -n))
         out.append(pl.DataFrame({"pool": p, "t_ns": part["ts_ns"].to_numpy() // res * res, "u": run})
                    .group_by("pool", "t_ns").agg(used_events_max=pl.col("u").max()))
+    if not out:
+        return pl.DataFrame(schema={"pool": pl.String, "t_ns": pl.Int64, "used_events_max": pl.Int64})
     return pl.concat(out).sort("pool", "t_ns")
 
 
