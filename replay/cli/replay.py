@@ -30,8 +30,11 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
     """
     from replay.runs import replay_run
 
-    s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
-                   progress=not (quiet or as_json))
+    from replay.record import signals_as_interrupts
+
+    with signals_as_interrupts():  # SIGTERM stops the recorder cleanly, like SIGINT
+        s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
+                       progress=not (quiet or as_json))
     if as_json:
         click.echo(json.dumps(s.to_dict(), default=str))
         return

@@ -30,8 +30,11 @@ def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str
     """
     from replay.runs.sweep import sweep
 
-    df = sweep(source, out, policies=policies.split(","), grid=grid, sets=sets, jobs=jobs, executor=executor,
-               backend=backend, progress=not (quiet or as_json))
+    from replay.record import signals_as_interrupts
+
+    with signals_as_interrupts():  # SIGTERM stops the workers and keeps what is complete, like SIGINT
+        df = sweep(source, out, policies=policies.split(","), grid=grid, sets=sets, jobs=jobs,
+                   executor=executor, backend=backend, progress=not (quiet or as_json))
     failed = df.filter(df["status"] != "ok")
     if as_json:
         click.echo(json.dumps({"out": out, "runs": df.select("run", "status", "error").to_dicts(),

@@ -12,9 +12,11 @@ redoes interrupted ones (their partial directories are ours to remove). A failed
 in ``summary.parquet`` (``status=failed`` and the error) and does not stop the others; its partial
 directory stays for inspection until the sweep is run again.
 
-Every run is its own process (patches are per process): a ``spawn`` process pool that gives each
-worker one run (``--executor local``), or Ray tasks with ``max_calls=1`` (``--executor ray``, a
-cluster address from ``RAY_ADDRESS`` or a local Ray).
+Every run is its own process (patches are per process): a child ``python -m replay.runs.worker``
+per run, at most ``--jobs`` at a time, its output in ``RUNS/.partial/<run>.log``
+(``--executor local``), or Ray tasks with ``max_calls=1`` (``--executor ray``, a cluster address
+from ``RAY_ADDRESS`` or a local Ray). An interrupted sweep (SIGINT, SIGTERM) stops its children,
+writes ``summary.parquet`` with the unfinished runs as ``interrupted`` and can be resumed.
 """
 
 from __future__ import annotations
@@ -96,7 +98,11 @@ def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, d
     overrides = dict(knobs.parse_sets(sets)) | dict(spec.grid)
     try:
         summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail)
-    except BaseException as e:  # reported as a failed run; the others go on
+    except Exception as e:  # reported as a failed run; the others go on
+        from replay.errors import Interrupted
+
+        if isinstance(e, Interrupted):
+            raise
         msg = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
         return {"run": spec.key, "status": "failed", "error": msg, "traceback": traceback.format_exc(limit=8)}
     data = summary.to_dict() | {"run": str(final)}
@@ -146,12 +152,26 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
     runner = _run_local if executor == "local" else _run_ray
     bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
-    for res in runner(args, jobs):
-        results[res["run"]] = res
+    try:
+        for res in runner(args, jobs):
+            results[res["run"]] = res
+            if bar:
+                bar.update(1)
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM through signals_as_interrupts
+        from replay.errors import Interrupted
+
+        for s in specs:  # a run may have completed after the last result was collected
+            complete = (out / s.rel_dir / SUMMARY_FILE).is_file()
+            results.setdefault(s.key, {"run": s.key, "status": "ok" if complete else "interrupted",
+                                       "error": "" if complete else "sweep interrupted"})
+        _write_table(out, specs, results, grid)
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        done = sum(r["status"] == "ok" for r in results.values())
+        raise Interrupted(sig, f"{out}: sweep interrupted by {sig} with {done} of {len(specs)} runs complete; "
+                               "run the same command again to resume") from None
+    finally:
         if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
+            bar.close()
     return _write_table(out, specs, results, grid)
 
 
@@ -174,19 +194,56 @@ def _claim(out: Path, source: Path, policies, grid, sets, backend: str) -> None:
 
 
 def _run_local(args, jobs: int):
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    """One child process per run (``python -m replay.runs.worker``), at most ``jobs`` at a time.
 
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, max(1, len(args))), mp_context=ctx,
-                             max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_run_one, *a): a[2] for a in args}
-        for fut in as_completed(futures):
-            spec = futures[fut]
+    Children are plain processes, so an interrupt stops them at once: on SIGINT/SIGTERM (a
+    ``KeyboardInterrupt`` here) every running child is terminated, then killed after 10 s.
+    """
+    import subprocess
+    import time
+
+    pending, running = list(args), {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                source, root, spec, sets, backend, detail = pending.pop(0)
+                job = Path(root) / PARTIAL_DIR / f"{spec.key.replace('/', '__')}.job.json"
+                job.parent.mkdir(parents=True, exist_ok=True)
+                job.write_text(json.dumps({"source": source, "root": root, "policy": spec.policy,
+                                           "grid": [list(g) for g in spec.grid], "sets": list(sets),
+                                           "backend": backend, "detail": detail}))
+                log = open(job.with_suffix("").with_suffix(".log"), "w")
+                proc = subprocess.Popen([sys.executable, "-m", "replay.runs.worker", str(job)],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+                running[proc] = (spec, job, log)
+            for proc in [p for p in running if p.poll() is not None]:
+                spec, job, log = running.pop(proc)
+                log.close()
+                yield _job_result(spec, job, proc.returncode)
+            time.sleep(0.05)
+    except BaseException:
+        for proc in running:
+            proc.terminate()
+        for proc, (_, _, log) in running.items():
             try:
-                yield fut.result()
-            except BaseException as e:  # the worker process died (killed, out of memory)
-                yield {"run": spec.key, "status": "failed", "error": f"worker died: {type(e).__name__}: {e}"}
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        raise
+
+
+def _job_result(spec: RunSpec, job: Path, returncode: int) -> dict:
+    out = job.with_suffix("").with_suffix(".result.json")
+    try:
+        return json.loads(out.read_text())
+    except (OSError, ValueError):
+        log = job.with_suffix("").with_suffix(".log")
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
+        return {"run": spec.key, "status": "failed",
+                "error": f"worker exited with status {returncode}" + (f": {' | '.join(tail)}" if tail else "")}
 
 
 def _run_ray(args, jobs: int):
