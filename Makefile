@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(BIN)/python -m replay.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/tracer_overhead.py

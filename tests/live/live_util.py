@@ -8,6 +8,7 @@ by :meth:`LiveServer.kill_tree`, which the fixtures call in their teardown.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal as _signal
@@ -219,3 +220,20 @@ def wait_idle(port: int, timeout_s: float = 60.0) -> list[dict]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"server not idle after {timeout_s} s: {loads}")
         time.sleep(0.2)
+
+
+def shared_once(tmp_path_factory, name: str, make) -> dict:
+    """``make(directory)`` once per test run, whichever xdist worker asks first; every caller gets
+    its JSON round-tripped result (paths as strings). A server start is the dominant cost of these
+    tests, and pytest-xdist may send the tests of one module to both workers."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    d = root / name
+    d.mkdir(exist_ok=True)
+    done = d / "result.json"
+    with open(d / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while the server runs
+        if not done.exists():
+            done.write_text(json.dumps(make(d), default=str))
+        return json.loads(done.read_text())

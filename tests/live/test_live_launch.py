@@ -33,10 +33,7 @@ from tests.live import live_util as lu
 from tests.live import trace_checks as tc
 from tests.sglang.hooks_util import identity_mismatches, ledger_mismatches
 
-# One worker runs the whole module (make test uses --dist loadgroup): one server start, not one
-# per xdist worker.
-pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.xdist_group("test_live_launch")]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PREFIX = list(range(100, 148))  # 48 shared tokens
 BENCH_ARGS = ("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2",
@@ -85,7 +82,10 @@ def _drive_http(port: int) -> dict:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    d = tmp_path_factory.mktemp("live-launch")
+    return lu.shared_once(tmp_path_factory, "live-launch", _run_server)
+
+
+def _run_server(d):
     model = lu.write_llama(d / "model")
     port = lu.free_port()
     trace = d / "trace"
@@ -117,7 +117,7 @@ def live(tmp_path_factory):
         res["log"] = srv.log.read_text(errors="replace")
         res["wall_s"] = time.monotonic() - t0
         print(f"\nlive launch: server start {srv.start_s:.1f} s, module {res['wall_s']:.1f} s")
-        yield res
+        return res
     finally:
         srv.kill_tree()
 

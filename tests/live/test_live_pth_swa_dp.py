@@ -30,10 +30,7 @@ from tests.live import live_util as lu
 from tests.live import trace_checks as tc
 from tests.sglang.hooks_util import identity_mismatches, ledger_mismatches
 
-# One worker runs the whole module (make test uses --dist loadgroup): one server start, not one
-# per xdist worker.
-pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.xdist_group("test_live_pth_swa_dp")]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PREFIX = list(range(100, 164))  # 64 shared tokens: two windows
 
@@ -67,7 +64,10 @@ def _drive(port: int) -> dict:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    d = tmp_path_factory.mktemp("live-pth")
+    return lu.shared_once(tmp_path_factory, "live-pth", _run_server)
+
+
+def _run_server(d):
     model = lu.write_mellum_swa(d / "model")
     site_dir = d / "site"
     site_dir.mkdir()
@@ -88,7 +88,7 @@ def live(tmp_path_factory):
         res["responses"] = _drive(port)
         lu.wait_idle(port)
         time.sleep(1.0)
-        res["loads_idle"] = {x["dp_rank"]: x for x in lu.wait_idle(port)}
+        res["loads_idle"] = lu.wait_idle(port)
         status, text = lu.post(port, "/flush_cache", {})
         assert status == 200, text
         time.sleep(1.5)  # > flush interval: the flush is on disk before the crash
@@ -100,7 +100,7 @@ def live(tmp_path_factory):
         res["recover"] = (rec.returncode, rec.stdout, rec.stderr)
         res["wall_s"] = time.monotonic() - t0
         print(f"\nlive pth/swa/dp2: server start {srv.start_s:.1f} s, module {res['wall_s']:.1f} s")
-        yield res
+        return res
     finally:
         srv.kill_tree()
 
@@ -157,7 +157,7 @@ def test_pool_sums_equal_each_ranks_used_size(live):
     capacity − available − evictable) equals the trace's; Σ alloc − Σ free equals capacity −
     available in each pool; the flush empties both pools."""
     for rank in (0, 1):
-        load = live["loads_idle"][rank]
+        load = {x["dp_rank"]: x for x in live["loads_idle"]}[rank]
         clears = tc.clear_seqs(live["trace"], rank)
         assert clears, "the /flush_cache left no clear marker"
         used = {}
