@@ -33,11 +33,11 @@ def build(out: Path, events: int) -> dict:
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(1)
-    part, seq0, used = 0, 0, np.zeros(2, np.int64)
+    part = 0
     for start in range(0, events, CHUNK):
         n = min(CHUNK, events - start)
         i = np.arange(start, start + n, dtype=np.int64)
-        seq = seq0 + np.arange(n, dtype=np.int64) + i // STATS_EVERY * 2
+        seq = 1 + i + i // STATS_EVERY * 2  # from 1; two stats rows after every STATS_EVERY pool rows
         ts = i * 10_000  # 100 k events per second of trace
         pool = (i // 2 % 2).astype(np.uint8)
         op = (i // 4 % 2).astype(np.uint8)  # alloc, alloc, free, free per pool pair
@@ -50,7 +50,7 @@ def build(out: Path, events: int) -> dict:
         write_parquet(d / f"part-{part:05d}.parquet", to_stored(tbl, FAMILIES["pool"]))
         k = np.arange(start // STATS_EVERY, (start + n) // STATS_EVERY, dtype=np.int64)
         sts = np.repeat(k * STATS_EVERY * 10_000, 2)
-        sseq = np.repeat(k * (STATS_EVERY + 2) + STATS_EVERY, 2) + np.tile([0, 1], len(k))
+        sseq = 1 + np.repeat(k * (STATS_EVERY + 2) + STATS_EVERY, 2) + np.tile([0, 1], len(k))
         avail = rng.integers(0, 1 << 20, len(sts))
         st = pa.table({"ts_ns": sts, "seq": sseq, "forward_ct": np.repeat(k, 2),
                        "pool": np.tile(np.array([0, 1], np.uint8), len(k)),
