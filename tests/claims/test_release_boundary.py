@@ -42,3 +42,27 @@ def test_page_larger_than_window_boundary_keeps_identity_on_real_code(tmp_path):
     # same hits; the pre-fix boundary releases more (it keeps W, not ceil(max(W, ps)) = 64)
     assert pre.prefix_hit_ratio == pytest.approx(fix.prefix_hit_ratio, abs=1e-9)
     assert pre.swa_released_tokens > fix.swa_released_tokens
+
+
+@pytest.mark.slow
+def test_with_the_pre_22470_insert_the_pre_fix_boundary_leaves_all_tombstone_leaves(tmp_path):
+    """The claim as stated holds once 0.5.23's second guard is reverted too: with the planted
+    pre-#22470 insert (``all_tombstone_leaf_insert``: a span wholly below the SWA frontier is
+    inserted as live SWA instead of as a plain tombstone; Python tree core), the pre-fix boundary
+    breaks the SWA occupancy identity (the tree counts slots the allocator holds free) while
+    max(W, ps) keeps it: its frontier never reaches page_floor(seq_len)."""
+    from replay.record import record_workload
+
+    w = sc.write(tmp_path, "w", sc.boundary_rows())
+    sets = [f"{k}={v}" for k, v in sc.BOUNDARY_SETS.items()] + ["tree_core=python"]
+    breaks = {}
+    for boundary in ("max_window_page", "window_plus_page_cut_to_window"):
+        out = tmp_path / boundary
+        record_workload(w, out, overrides=(*sets, f"swa_release_boundary={boundary}"),
+                        incident="all_tombstone_leaf_insert", incident_every=1)
+        breaks[boundary] = sc.identity_breaks(out)
+    assert breaks["max_window_page"].height == 0
+    bad = breaks["window_plus_page_cut_to_window"]
+    assert bad.height >= 5
+    gap = (bad["available"] + bad["evictable"] + bad["protected"] + bad["held"] - bad["capacity"])
+    assert gap.max() >= 64  # at least one whole page counted twice
