@@ -59,14 +59,14 @@ class RecorderOptions:
     poll_interval_ms: int = 50  # flusher wake-up to check fill levels
     segment_max_bytes: int = 64 << 20  # rotate the open segment past this size...
     segment_max_s: float = 600.0  # ...or this age
-    detail: str = "counts"  # "counts" | "pages" (pool rows carry page ids)
+    detail: str = "counts"  # "steps" (request/step/stats rows) | "counts" | "pages" (+ page ids)
     clock: str = "step"  # "step" | "event" | "manual"
     on_fork: str = "off"  # "off" (child records nothing) | "child" (child gets its own rank)
     stop_timeout_s: float = 10.0
 
     def __post_init__(self):
-        if self.detail not in ("counts", "pages"):
-            raise ValueError(f"detail must be 'counts' or 'pages', got {self.detail!r}")
+        if self.detail not in ("steps", "counts", "pages"):
+            raise ValueError(f"detail must be 'steps', 'counts' or 'pages', got {self.detail!r}")
         if self.clock not in ("step", "event", "manual"):
             raise ValueError(f"clock must be 'step', 'event' or 'manual', got {self.clock!r}")
         if self.on_fork not in ("off", "child"):
