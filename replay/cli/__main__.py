@@ -1,0 +1,5 @@
+"""``python -m replay.cli``: the ``kvtrace`` command."""
+
+from replay.cli import main
+
+main(prog_name="kvtrace")
