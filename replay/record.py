@@ -59,7 +59,7 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         out: trace directory to write (must not hold a trace yet).
         backend: only ``sglang``.
         overrides: ``key=value`` settings (see ``replay.backends.sglang.settings``).
-        detail: ``counts`` or ``pages`` (pool rows carry page ids).
+        detail: capture level ``steps``, ``counts`` or ``pages`` (docs/capture.md).
         progress: show a tqdm bar over completed requests.
         flush_interval_ms: recorder flush interval.
         check_integrity_every: check the occupancy identity every N steps (0 = never).
@@ -105,7 +105,7 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     import tracer.sglang
 
     installed_here = not tracer.sglang.is_installed()
-    tracer.sglang.install()
+    tracer.sglang.install(detail=detail)
     # Offline recording: a stats row at every step where anything changed (a server samples
     # at most every 10 ms of wall time), so the trace is complete and deterministic.
     cadence = tracer.sglang.configure()

@@ -41,8 +41,8 @@ def _check_command(cmd: list[str]) -> None:
 )
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Trace directory to create (each server process writes its own rank).")
-@click.option("--detail", type=click.Choice(["counts", "pages"]), default="counts", show_default=True,
-              help="'pages' also records page ids of every pool op (costs a device sync per op).")
+@click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts", show_default=True,
+              help="Capture level: steps (request, step and stats rows; cheapest), counts (every pool and cache op), pages (counts plus page ids; a device sync per op).")
 @click.option("--flush-ms", type=int, default=1000, show_default=True,
               help="Flush interval of each recorder (bounds what a crash can lose).")
 @click.option("--hash-block-tokens", type=int, default=16, show_default=True,

@@ -17,8 +17,8 @@ from replay.record import BACKENDS, record_workload, signals_as_interrupts
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Trace directory to write.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Backend setting (repeatable), e.g. --set page_size=64 --set host_pool_tokens=262144.")
-@click.option("--detail", type=click.Choice(["counts", "pages"]), default="counts", show_default=True,
-              help="pages: pool rows also carry page ids.")
+@click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts", show_default=True,
+              help="Capture level: steps (request, step and stats rows; cheapest), counts (every pool and cache op), pages (counts plus page ids).")
 @click.option("--check-every", "check_every", type=int, default=0, show_default=True,
               help="Check the occupancy identity every N steps (0 = never).")
 @click.option("--incident", default="", metavar="NAME",

@@ -17,8 +17,8 @@ import click
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Run directory to create.")
 @click.option("--backend", default="sglang", show_default=True, type=click.Choice(["sglang", "reference"]),
               help="sglang: the real sglang 0.5.23 classes on CPU.")
-@click.option("--detail", type=click.Choice(["counts", "pages"]), default="counts", show_default=True,
-              help="pages: the run's pool rows also carry page ids.")
+@click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts", show_default=True,
+              help="Capture level of the run's trace: steps (request, step and stats rows), counts, pages (counts plus page ids).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json as one JSON object.")
 def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backend: str, detail: str,

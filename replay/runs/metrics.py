@@ -13,6 +13,10 @@ Where each figure comes from (``docs/replay.md`` repeats this table):
 | ``swa_evicted_tokens`` | ``cache`` evict rows: sum(swa_tokens) (tree eviction and tombstoning; out-of-window releases of running requests are ``swa_released_tokens``) |
 | ``host_alloc_cpu_ns``, ``host_free_cpu_ns`` | ``pool`` rows of the host pools: sum(dur_ns) of alloc / free, measured CPU of the real allocator calls (a merge right after a free is that free's cost) |
 
+A trace captured at ``detail=steps`` has no ``pool``/``cache``/admission rows: the figures from
+those (``host_hit_ratio``, ``swa_evicted_tokens``, ``swa_released_tokens``, ``retractions``,
+``host_alloc_cpu_ns``, ``host_free_cpu_ns``) are then None (unknown, not zero).
+
 Trace-clock figures of a replay run are on the virtual clock (its step-cost model); of a
 capture, on the server's monotonic clock.
 """
@@ -47,7 +51,14 @@ def trace_metrics(path: str | Path) -> dict:
     out.update(_cache(tr, finishes, int(finishes["input_len"].sum() or 0)))
     out["retractions"] = int(tr.lazy("sched").filter(pl.col("kind") == "retract").select(pl.len()).collect().item())
     out.update(_host_cpu(tr))
+    if (tr.manifest.get("options") or {}).get("detail") == "steps":  # those families not captured
+        out.update(dict.fromkeys(STEPS_UNKNOWN))
     return out
+
+
+# Figures from families a ``detail=steps`` trace does not capture (reported as None there).
+STEPS_UNKNOWN = ("host_hit_ratio", "swa_evicted_tokens", "swa_released_tokens", "retractions",
+                 "host_alloc_cpu_ns", "host_free_cpu_ns")
 
 
 def _ratio(num: int, den: int) -> float:

@@ -99,7 +99,7 @@ def start_recording(reason: str) -> None:
         from tracer.sglang import requests
 
         opts = {"flush_interval_ms": int(os.environ.get("KVTRACE_FLUSH_MS", "1000")),
-                "detail": os.environ.get("KVTRACE_DETAIL", "counts")}
+                "detail": state.resolve_detail(None)}  # KVTRACE_DETAIL, default counts
         tracer.start(os.environ["KVTRACE_DIR"], rank=_rank_guess(), source="sglang-hooks",
                      server=serverinfo.from_live(),
                      hash_block_tokens=int(os.environ.get("KVTRACE_HASH_BLOCK_TOKENS",

@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from tracer.sglang import admission, allocators, host_pool, radix, req_pool, requests, state, stats
+from tracer.sglang import (admission, allocators, host_pool, level_steps, radix, req_pool, requests,
+                           state, stats)
 from tracer.sglang.patching import Patcher
 
 log = logging.getLogger("kvtrace.sglang")
@@ -29,6 +30,13 @@ SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 _patcher = Patcher()
 _lock = threading.RLock()
 _MODULES = (allocators, req_pool, host_pool, radix, admission, requests, stats)
+# Level ``steps``: arrivals, the step boundary, and what the stats sampler and finish rows need.
+_STEPS_MODULES = (requests, stats, level_steps)
+
+
+def modules_for(detail: str) -> tuple:
+    """The hook modules a capture level installs (``pages`` hooks as ``counts``)."""
+    return _STEPS_MODULES if detail == "steps" else _MODULES
 
 
 class UnsupportedSglang(RuntimeError):
@@ -51,14 +59,19 @@ def check_version() -> str:
     return v
 
 
-def install(*, check: bool = True, lazy: bool = False) -> int:
+def install(*, check: bool = True, lazy: bool = False, detail: str | None = None) -> int:
     """Wrap the real sglang methods (idempotent). Returns how many methods were wrapped now.
 
     Args:
         check: refuse sglang versions other than ``SUPPORTED_SGLANG_VERSIONS``.
         lazy: wrap only the sglang modules already imported (the autoload calls this after
             each watched module loads); default imports them.
+        detail: capture level (``steps``, ``counts``, ``pages``); None: the level already
+            installed, else ``KVTRACE_DETAIL``, else ``counts``. ``steps`` wraps only arrivals,
+            finishes, the step boundary and what the stats sampler reads (docs/capture.md);
+            another level than the installed one re-installs (the registry is kept).
     Raises:
+        ValueError: an unknown ``detail``.
         UnsupportedSglang: another sglang version (with ``check``).
         ImportError: sglang (or a module it needs) is not importable.
     Mutates: sglang classes and modules (reversibly, see ``uninstall``).
@@ -66,8 +79,13 @@ def install(*, check: bool = True, lazy: bool = False) -> int:
     with _lock:
         if check:
             check_version()
+        level = (state.installed_level if detail is None and len(_patcher) else
+                 state.resolve_detail(detail))
+        if (level == "steps") != (state.installed_level == "steps") and len(_patcher):
+            _patcher.restore()  # another hook set: re-wrap from the originals
+        state.installed_level = level
         n = 0
-        for m in _MODULES:
+        for m in modules_for(level):
             try:
                 n += m.install(_patcher, lazy=lazy)
             except AttributeError:
@@ -85,7 +103,22 @@ def uninstall() -> int:
     with _lock:
         n = _patcher.restore()
         state.registry.clear()
+        state.installed_level = "counts"
         return n
+
+
+def sync_detail(detail: str) -> None:
+    """Re-install the hooks for ``detail`` when the installed set is another level's (a recording
+    started at a level the hooks were not installed for)."""
+    if len(_patcher) and (detail == "steps") != (state.installed_level == "steps"):
+        install(check=False, lazy=True, detail=detail)
+    elif len(_patcher):
+        state.installed_level = detail
+
+
+def installed_level() -> str:
+    """The capture level of the installed hooks."""
+    return state.installed_level
 
 
 def is_installed() -> bool:

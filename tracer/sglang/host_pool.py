@@ -167,6 +167,22 @@ def _make_group(name: str):
     return make
 
 
+def install_registry(patcher, lazy: bool = False) -> int:
+    """Level ``steps``: only the constructors (host pools sampled by ``stats``), no op rows."""
+    from tracer.sglang.patching import target
+
+    n = 0
+    hb = target("sglang.srt.mem_cache.pool_host.base", lazy)
+    mph = target("sglang.srt.mem_cache.memory_pool_host", lazy)
+    for b in [m for m in ((hb and hb.HostKVCache), (mph and mph.LogicalHostPool)) if m]:
+        n += patcher.wrap_method(b, "__init__", _make_init())
+    grp = target("sglang.srt.mem_cache.pool_host.group", lazy)
+    if grp is not None:
+        n += patcher.wrap_method(grp.HostPoolGroup, "__init__", _make_group("init"))
+        n += patcher.wrap_method(grp.HostPoolGroup, "add_entry", _make_group("add_entry"))
+    return n
+
+
 def install(patcher, lazy: bool = False) -> int:
     """Wrap host pool classes (``lazy``: only if already imported). Returns count."""
     from tracer.sglang.patching import target

@@ -29,6 +29,27 @@ log = logging.getLogger("kvtrace.sglang")
 _NOOP = tracer.DISABLED["pool"]
 
 
+# --------------------------------------------------------------------------------------------
+# Capture level (``detail``): which hooks are installed
+# --------------------------------------------------------------------------------------------
+LEVELS = ("steps", "counts", "pages")
+installed_level = "counts"  # level of the installed hooks (``hooks.install``); pages: as counts
+
+
+def resolve_detail(detail: str | None) -> str:
+    """The capture level: ``detail`` if given, else ``KVTRACE_DETAIL``, else ``counts``.
+
+    Raises:
+        ValueError: not one of ``LEVELS`` (names the setting and the accepted values).
+    """
+    src = "detail"
+    if detail is None:
+        detail, src = os.environ.get("KVTRACE_DETAIL", "") or "counts", "KVTRACE_DETAIL"
+    if detail not in LEVELS:
+        raise ValueError(f"{src}={detail!r}: expected one of {', '.join(LEVELS)}")
+    return detail
+
+
 def recording() -> bool:
     """True while ``tracer`` records in this process (emit functions are bound)."""
     return tracer.pool is not _NOOP

@@ -255,10 +255,16 @@ class _LoopState:
         self.rec = None  # the recording this state belongs to (reset for a new one)
 
     def fresh(self) -> None:
-        """Forget the previous recording's loop state when a new recording started."""
+        """Forget the previous recording's loop state when a new recording started (and bring
+        the installed hooks to its capture level if they were installed for another)."""
         if self.rec is not tracer._active:
             self.__init__()
-            self.rec = tracer._active
+            rec = self.rec = tracer._active
+            detail = getattr(getattr(rec, "opts", None), "detail", None)
+            if detail is not None and detail != state.installed_level:
+                from tracer.sglang import hooks
+
+                hooks.sync_detail(detail)
 
     def note_batch(self, mode: int, batch_size: int, num_tokens: int) -> None:
         self.fresh()
@@ -330,12 +336,18 @@ def _make_prepare(mode: int):
     from tracer.sglang.allocators import measure_decode
 
     decode = mode == DECODE
+    steps = state.installed_level == "steps"  # no pool rows: sample stats after every batch
+    dirty = state.dirty
 
     def make(orig):
         def prepare(self):
             if tracer.pool is _NOOP:
                 return orig(self)
-            out = measure_decode(self, orig) if decode else orig(self)
+            if steps:
+                out = orig(self)
+                dirty[0] = True
+            else:
+                out = measure_decode(self, orig) if decode else orig(self)
             try:
                 lp = _loop
                 if lp.rec is not tracer._active:

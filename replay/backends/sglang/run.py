@@ -79,7 +79,7 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
         workload: arrivals to serve.
         settings: resolved backend settings.
         out: trace directory to create (must not hold a trace).
-        detail: recorder detail (``counts`` or ``pages``).
+        detail: capture level: ``steps``, ``counts`` or ``pages`` (docs/capture.md).
         manifest_extra: keys merged into the trace's manifest (e.g. the run's ``kvtrace`` block).
         on_progress: called after every step with (requests completed, virtual clock ns).
         flush_interval_ms: recorder flush interval.
@@ -102,7 +102,7 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
     from tracer.sglang import state as hook_state
 
     installed_here = not tracer.sglang.is_installed()
-    tracer.sglang.install()
+    tracer.sglang.install(detail=detail)
     cadence = tracer.sglang.configure()
     tracer.sglang.configure(stats_interval_ms=0)  # a stats row at every changed step
     hook_state.new_trace()
