@@ -16,10 +16,12 @@ are already in ``seq`` order file after file (each segment is sorted by ``seq``,
 invariant the reader relies on too; the seq ranges of consecutive segments, read from the
 Parquet statistics, must not overlap), it is computed in ONE streaming pass in file order: one
 running-sum column per pool (Polars ``cum_sum`` on the streaming engine, DuckDB's streaming
-``SUM() OVER (ROWS UNBOUNDED PRECEDING)``), then a max per (pool, bucket). Memory stays flat
-(~0.3 GB at any size) and nothing is sorted. Otherwise (several ranks, overlapping segments)
-it falls back to a window ordered by ``seq`` over all events, which holds them all in memory
-(about 130 MB per 1 M events). Both paths give the same numbers (tests/analysis/test_scale.py).
+``SUM() OVER (ROWS UNBOUNDED PRECEDING)``, only for the pools that have allocator rows), then a
+max per (pool, bucket). Nothing is sorted; at 100 M events DuckDB peaks at 0.2 GB, Polars at
+< 1 GB (docs/analysis.md, Scale). Otherwise (several ranks, overlapping segments)
+it falls back to a window ordered by ``seq`` (then ``rank``: with several ranks the pool's
+running sum adds up the ranks, interleaved by their seqs) over all events, which holds them
+all in memory (about 130 MB per 1 M events). Both paths give the same numbers (tests/analysis/test_scale.py).
 """
 
 from __future__ import annotations
@@ -117,11 +119,11 @@ def _events_sorted_polars(t, pools, res):
     import polars as pl
 
     return (t.lazy("pool")
-            .select("ts_ns", "seq", pl.col("pool").cast(pl.String), pl.col("op").cast(pl.String),
+            .select("ts_ns", "seq", "rank", pl.col("pool").cast(pl.String), pl.col("op").cast(pl.String),
                     "num_slots")
             .filter(pl.col("pool").is_in(pools) & pl.col("op").is_in(("alloc", "free")))
             .with_columns(d=_signed_slots())
-            .with_columns(used_events=pl.col("d").cum_sum().over("pool", order_by="seq"),
+            .with_columns(used_events=pl.col("d").cum_sum().over("pool", order_by=["seq", "rank"]),
                           t_ns=(pl.col("ts_ns") // res) * res)
             .group_by("pool", "t_ns")
             .agg(used_events_max=pl.col("used_events").max()))
@@ -152,7 +154,16 @@ def _duckdb(t, pools, res, streaming):
     stats, pool = view(t, "stats"), view(t, "pool")
     plist = sql_list(pools)
     lasts = ", ".join(f"arg_max({c}, seq) AS {c}" for c in STATS_COLUMNS)
-    events = _events_streaming_sql(pool, pools, res) if streaming else _events_sorted_sql(pool, plist, res)
+    if streaming:
+        # one running sum per pool is ~40 ns a row in DuckDB's (single-threaded) streaming
+        # window: first find the pools that have allocator rows at all (a parallel scan, ~15x
+        # cheaper than a running sum); most traces have 1-2 of the 4 KV pools
+        present = {r[0] for r in con.sql(
+            f"SELECT DISTINCT CAST(pool AS VARCHAR) FROM {pool} WHERE CAST(pool AS VARCHAR) IN {plist} "
+            f"AND CAST(op AS VARCHAR) IN ('alloc', 'free')").fetchall()}
+        events = _events_streaming_sql(pool, tuple(p for p in pools if p in present), res)
+    else:
+        events = _events_sorted_sql(pool, plist, res)
     return con.sql(f"""
         WITH s AS (
             SELECT CAST(pool AS VARCHAR) AS pool, (ts_ns // {res}) * {res} AS t_ns, {lasts}
@@ -172,7 +183,7 @@ def _events_sorted_sql(pool, plist, res):
             SELECT pool, t_ns, max(used_events) AS used_events_max FROM (
                 SELECT CAST(pool AS VARCHAR) AS pool, (ts_ns // {res}) * {res} AS t_ns,
                        CAST(SUM({_SIGNED_SQL})
-                            OVER (PARTITION BY pool ORDER BY seq ROWS UNBOUNDED PRECEDING)
+                            OVER (PARTITION BY pool ORDER BY seq, rank ROWS UNBOUNDED PRECEDING)
                             AS BIGINT) AS used_events
                 FROM {pool}
                 WHERE CAST(pool AS VARCHAR) IN {plist} AND CAST(op AS VARCHAR) IN ('alloc', 'free'))
@@ -180,6 +191,9 @@ def _events_sorted_sql(pool, plist, res):
 
 
 def _events_streaming_sql(pool, pools, res):
+    if not pools:
+        return ("SELECT CAST(NULL AS VARCHAR) AS pool, CAST(NULL AS BIGINT) AS t_ns, "
+                "CAST(NULL AS BIGINT) AS used_events_max WHERE false")
     # A window with neither PARTITION BY nor ORDER BY and a ROWS UNBOUNDED PRECEDING frame runs
     # as DuckDB's streaming window: in scan order (insertion order is preserved), no sort, no
     # materialisation. One running sum per pool, over the pool's index k (integer compares).

@@ -155,3 +155,19 @@ def test_churn_engines_agree_on_multi_segment_trace(tmp_path):
                     for f in path.glob("pool/rank=0/*.parquet")])
     allocs = df.filter((pl.col("op") == "alloc") & pl.col("pool").is_in(KV))["num_slots"].sum()
     assert a["alloc_tokens"].sum() == allocs
+
+
+def test_pools_without_allocator_rows_keep_their_stats_rows(tmp_path):
+    """DuckDB's streaming path skips the running sums of pools without alloc/free rows; the
+    rows (stats only, or none at all) are the same as the ordered window's."""
+    from tests.analysis.conftest import write_trace
+
+    rows = {"pool": [dict(ts_ns=1, seq=1, pool="full", op="clear", num_slots=16),
+                     dict(ts_ns=2, seq=2, pool="swa", op="alloc", num_slots=8)],
+            "stats": [dict(ts_ns=3, seq=3, pool="host_full", capacity=64, available=60)]}
+    path = write_trace(tmp_path / "t", rows)
+    frames = _all_paths(path, "1s")
+    for df in frames.values():
+        assert_frame_equal(df, frames[("polars", False)])
+    assert frames[("duckdb", True)].select("pool", "used", "used_events_max").rows() == [
+        ("host_full", 4, None), ("swa", None, 8)]
