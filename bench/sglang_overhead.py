@@ -27,6 +27,14 @@ in the same order), so each step's fastest time over the rounds is taken per mod
 (``step_min_s_off``/``_on``). It filters out what strikes at a different step each run: other
 processes, but also the hooks' time-driven work (the 10 ms ``stats`` samples, ~0.7 % here).
 Target (issue 4): ``slowdown_pct`` <= 3.
+
+Capture levels (issue 12): the hooked runs are made at each level of ``--levels`` (default
+``steps,counts,pages``; the ``*_on`` keys are ``counts``) and ``levels`` holds, per level,
+``us_per_step``: the per-step-minimum excess over hooks off in us per step (each step timed in
+the loop thread's CPU time, so other processes on a shared machine do not count;
+``us_per_step_wall``: the same in wall time), that as a share of
+the backend's step (``pct_of_backend_step``; ``backend_step_us`` is the hooks-off step) and of a
+10 ms server step (``pct_of_10ms_step``). Targets: ``steps`` <= 5, ``counts`` <= 25 us/step.
 """
 
 from __future__ import annotations
@@ -52,11 +60,12 @@ def _timed_run(be) -> tuple[dict, object]:
     """Run ``be``; wall, process CPU (all threads: the recorder's flusher included), the
     calling thread's CPU (the scheduler thread: what a server's step time would feel) and the
     wall time of every step (``steps``, ns; the same two clock reads per step in both modes)."""
-    steps, step, pc = [], be.step, time.perf_counter_ns
+    steps, steps_cpu, step, pc, tc = [], [], be.step, time.perf_counter_ns, time.thread_time_ns
 
     def timed_step():
-        t0 = pc()
+        t0, c0 = pc(), tc()
         out = step()
+        steps_cpu.append(tc() - c0)
         steps.append(pc() - t0)
         return out
 
@@ -64,7 +73,8 @@ def _timed_run(be) -> tuple[dict, object]:
     t, c, th = time.perf_counter(), time.process_time(), time.thread_time()
     result = be.run()
     return {"wall": time.perf_counter() - t, "cpu": time.process_time() - c,
-            "thread": time.thread_time() - th, "steps": steps}, result
+            "thread": time.thread_time() - th, "steps": steps,
+            "steps_cpu": steps_cpu}, result
 
 
 def _run_off(workload, settings) -> tuple[dict, object]:
@@ -74,11 +84,15 @@ def _run_off(workload, settings) -> tuple[dict, object]:
         return _timed_run(be)
 
 
-def _run_on(workload, settings, out: Path, variant: str = "on") -> tuple[dict, object, int, float]:
+LEVELS = ("steps", "counts", "pages")
+
+
+def _run_on(workload, settings, out: Path, variant: str = "on", detail: str = "counts") -> tuple[dict, object, int, float]:
     """One hooked run. ``variant``: ``on`` (recording), ``intercept`` (hooks installed and the
     recorder running, but the emits bound to the disabled no-ops: every wrapper takes its
     not-recording branch, so this is the cost of intercepting the calls alone) or ``noemit``
-    (every hook does its work, the emits are no-ops: intercepting plus reading sglang state)."""
+    (every hook does its work, the emits are no-ops: intercepting plus reading sglang state).
+    ``detail``: the capture level (hooks installed and recorder option)."""
     import tracer
     import tracer.sglang
     from replay.backends.sglang import SglangBackend
@@ -86,10 +100,10 @@ def _run_on(workload, settings, out: Path, variant: str = "on") -> tuple[dict, o
     from tracer.emitgen import EMIT_NAMES
     from tracer.schema import FAMILIES
 
-    tracer.sglang.install()
+    tracer.sglang.install(detail=detail)
     try:
         tracer.start(out, source="sglang-backend", server=settings.server(),
-                     hash_block_tokens=workload.hash_block_tokens)
+                     hash_block_tokens=workload.hash_block_tokens, detail=detail)
         bound = {n: getattr(tracer, n) for n in EMIT_NAMES}
         if variant != "on":  # (a distinct no-op for noemit: hooks test ``is DISABLED``)
             for n in EMIT_NAMES:
@@ -133,14 +147,14 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
     import tracer
     import tracer.sglang
     from replay.backends.sglang import SglangBackend, load_workload, parse_overrides
-    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang.env import bootstrap
     from tracer.sglang import hooks as hooks_mod
 
     bootstrap()
     settings = parse_overrides(overrides)
     wl = load_workload(workload_path)
     if requests:
-        wl = dataclasses.replace(wl, requests=wl.requests[:requests])
+        wl.__dict__["requests"] = wl.requests[:requests]  # (requests is a cached property)
     outer, inner, calls = collections.Counter(), collections.Counter(), collections.Counter()
 
     def timed(f, key, acc, count):
@@ -201,6 +215,11 @@ def _rounds(wl, settings, modes: tuple[str, ...], repeat: int) -> tuple[dict, ob
             for mode in (modes if i % 2 == 0 else modes[::-1]):
                 if mode.startswith("off"):
                     times, result = _run_off(wl, settings)
+                elif mode in LEVELS:
+                    times, result, n, stop_s = _run_on(wl, settings, tmp / f"{mode}{i}", "on", mode)
+                    if mode == "counts":
+                        events.append(n)
+                        stops.append(stop_s)
                 else:
                     times, result, n, stop_s = _run_on(wl, settings, tmp / f"{mode}{i}", mode)
                     if mode == "on":
@@ -216,26 +235,38 @@ def _rounds(wl, settings, modes: tuple[str, ...], repeat: int) -> tuple[dict, ob
     return runs, reference, events, stops
 
 
-def _step_min_s(runs: list[dict]) -> float:
-    """Sum over steps of each step's fastest time over the runs (s)."""
-    return sum(min(x) for x in zip(*(r["steps"] for r in runs))) / 1e9
+def _step_min_s(runs: list[dict], key: str = "steps") -> float:
+    """Sum over steps of each step's fastest time over the runs (s). ``key``: ``steps`` (wall)
+    or ``steps_cpu`` (the loop thread's CPU time: what other processes take is not counted)."""
+    return sum(min(x) for x in zip(*(r[key] for r in runs))) / 1e9
 
 
 def _load(workload_path: Path, requests: int, overrides):
     from replay.backends.sglang import load_workload, parse_overrides
-    from replay.backends.sglang_env import bootstrap
+    from replay.backends.sglang.env import bootstrap
 
     info = bootstrap()
     wl = load_workload(workload_path)
     if requests:
-        wl = dataclasses.replace(wl, requests=wl.requests[:requests])
+        wl.__dict__["requests"] = wl.requests[:requests]  # (requests is a cached property)
     return info, parse_overrides(overrides), wl
 
 
-def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 3) -> dict:
-    """Run the workload ``repeat`` times with hooks off and on; returns the JSON object."""
+SERVER_STEP_US = 10_000.0  # a 10 ms step of a real (GPU) server, for the share figure
+
+
+def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 3,
+            levels: tuple[str, ...] = LEVELS) -> dict:
+    """Run the workload ``repeat`` times with hooks off and at each capture level in ``levels``
+    (``on`` figures: level ``counts``); returns the JSON object. ``levels[level]``:
+    ``us_per_step`` (per-step-minimum excess over hooks off, us per step), that as a share of
+    the backend's step (``pct_of_backend_step``) and of a 10 ms server step
+    (``pct_of_10ms_step``), the rows per step and the trace's families."""
     info, settings, wl = _load(workload_path, requests, overrides)
-    runs, reference, events, stops = _rounds(wl, settings, ("off", "on"), repeat)
+    levels = tuple(lv for lv in LEVELS if lv in levels or lv == "counts")
+    runs, reference, events, stops = _rounds(wl, settings, ("off",) + levels, repeat)
+    runs["on"] = runs["counts"]
+    steps = reference.num_steps
 
     def med(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[mode])
@@ -245,7 +276,18 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
 
     w_on = med("on", "wall")
     off_min, on_min = _step_min_s(runs["off"]), _step_min_s(runs["on"])
+    per_level = {}
+    off_cpu = _step_min_s(runs["off"], "steps_cpu")
+    for lv in levels:
+        us = (_step_min_s(runs[lv], "steps_cpu") - off_cpu) * 1e6 / steps
+        per_level[lv] = {"us_per_step": round(us, 2),
+                         "pct_of_backend_step": round(us / (off_cpu * 1e6 / steps) * 100, 2),
+                         "us_per_step_wall": round((_step_min_s(runs[lv]) - off_min) * 1e6 / steps, 2),
+                         "pct_of_10ms_step": round(us / SERVER_STEP_US * 100, 3),
+                         "wall_s": round(med(lv, "wall"), 4)}
     return {
+        "levels": per_level,
+        "backend_step_us": round(off_cpu * 1e6 / steps, 1),
         "workload": str(workload_path),
         "num_requests": len(wl.requests),
         "num_steps": reference.num_steps,
@@ -307,6 +349,8 @@ def main(argv=None) -> int:
                     help="also time each hook's own cost per call and per step (one more run)")
     ap.add_argument("--decompose", action="store_true",
                     help="instead: off, off again (noise), wrappers only, hooks without rows, on")
+    ap.add_argument("--levels", default=",".join(LEVELS),
+                    help="capture levels measured, comma-separated (counts is always run)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     overrides = tuple(args.overrides) if args.overrides else DEFAULT_SETTINGS
@@ -314,7 +358,12 @@ def main(argv=None) -> int:
         d = decompose(args.workload, requests=args.requests, overrides=overrides,
                       repeat=args.repeat)
         return _report(d, args.json, _print_decomposition)
-    r = measure(args.workload, requests=args.requests, overrides=overrides, repeat=args.repeat)
+    levels = tuple(x.strip() for x in args.levels.split(",") if x.strip())
+    bad = [x for x in levels if x not in LEVELS]
+    if bad:
+        ap.error(f"--levels {args.levels}: unknown level {', '.join(bad)}; expected some of {', '.join(LEVELS)}")
+    r = measure(args.workload, requests=args.requests, overrides=overrides, repeat=args.repeat,
+                levels=levels)
     if args.breakdown:
         r["breakdown"] = breakdown(args.workload, requests=args.requests, overrides=overrides)
     return _report(r, args.json, _print_measure)
@@ -347,6 +396,9 @@ def _print_measure(r: dict) -> None:
     print(f"{'cpu s (loop)':14}{r['thread_s_off']:>12.3f}{r['thread_s_on']:>12.3f}{r['thread_slowdown_pct']:>10.2f}%")
     print(f"{'steps, min':14}{r['step_min_s_off']:>12.3f}{r['step_min_s_on']:>12.3f}"
           f"{r['slowdown_pct_step_min']:>10.2f}%")
+    print(f"capture levels (hooks-off step {r['backend_step_us']:.1f} us): "
+          + "; ".join(f"{lv} {v['us_per_step']:.1f} us/step ({v['pct_of_backend_step']:.1f} % of the "
+                      f"backend step, {v['pct_of_10ms_step']:.2f} % of 10 ms)" for lv, v in r["levels"].items()))
     print(f"events recorded {r['events']:,} ({r['events_per_s']:,.0f}/s); final flush {r['stop_flush_s']:.3f} s")
     print(f"per step: {1e6 * (r['wall_s_on'] - r['wall_s_off']) / r['num_steps']:.1f} us of "
           f"{1e6 * r['wall_s_off'] / r['num_steps']:.1f} us")
