@@ -18,7 +18,12 @@ from collections.abc import Sequence
 
 import torch
 
+import tracer
 from replay.memory.results import IntegrityError, MemoryModelError
+from tracer.schema import Pool, PoolOp
+
+_POOL_CODES = {"full": int(Pool.FULL), "swa": int(Pool.SWA)}
+_ALLOC, _FREE = int(PoolOp.ALLOC), int(PoolOp.FREE)
 
 _I64 = torch.int64
 
@@ -68,6 +73,7 @@ class DeviceAllocator:
         self.num_pages = capacity_tokens // page_size
         self.capacity_tokens = self.num_pages * page_size
         self.device_free = device_free
+        self.pool_code = _POOL_CODES.get(name, int(Pool.FULL))
         self.clear()
 
     # ---- state -------------------------------------------------------------------------
@@ -137,14 +143,23 @@ class DeviceAllocator:
 
     # ---- allocation --------------------------------------------------------------------
 
+    # Every occupancy change goes through ``_take``/``_take_list``/``_release`` and is emitted as a
+    # ``pool`` row (alloc/free, slots and pages; rid -1: the model's allocator does not know the
+    # request), so per pool sum(alloc) - sum(free) is the used size as for the real allocators.
+    # Frees deferred by a free group are emitted when the group releases them.
+
     def _take(self, n: int) -> torch.Tensor:
         out = self.free_pages[:n].clone()  # a view would pin the whole old free list
         self.free_pages = self.free_pages[n:]
+        if n:
+            tracer.pool(self.pool_code, _ALLOC, -1, n * self.page_size, n)
         return out
 
     def _take_list(self, n: int) -> list[int]:
         out = self.free_pages[:n].tolist()
         self.free_pages = self.free_pages[n:]
+        if n:
+            tracer.pool(self.pool_code, _ALLOC, -1, n * self.page_size, n)
         return out
 
     def alloc_pages(self, num_pages: int) -> torch.Tensor | None:
@@ -267,6 +282,9 @@ class DeviceAllocator:
     # ---- free --------------------------------------------------------------------------
 
     def _release(self, page_ids: torch.Tensor) -> None:
+        n = page_ids.shape[0]
+        if n:
+            tracer.pool(self.pool_code, _FREE, -1, n * self.page_size, n)
         if self.device_free == "sorted_merge":
             self.staged_pages.append(page_ids)
             self.num_staged_pages += len(page_ids)

@@ -16,12 +16,18 @@ Slots start at 0 (the host pool has no padding slot); allocations are page multi
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
 
+import tracer
 from replay.memory.allocator import pages_to_tokens
 from replay.memory.results import IntegrityError, MemoryModelError
+from tracer.schema import Pool, PoolOp
+
+_HOST_CODES = {"host_full": int(Pool.HOST_FULL), "host_swa": int(Pool.HOST_SWA)}
+_ALLOC, _FREE = int(PoolOp.ALLOC), int(PoolOp.FREE)
 
 _I64 = torch.int64
 
@@ -40,6 +46,7 @@ class HostPool:
         if host_free not in ("eager_cat", "lazy_merge"):
             raise ValueError(f"unknown host_free {host_free!r}")
         self.name = name
+        self.pool_code = _HOST_CODES.get(name, int(Pool.HOST_FULL))
         self.page_size = page_size
         self.capacity_tokens = capacity_tokens // page_size * page_size
         self.host_free = host_free
@@ -77,6 +84,23 @@ class HostPool:
         self.num_merges += 1
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """``_alloc`` emitting a ``pool`` alloc row with its measured CPU (``dur_ns``)."""
+        t0 = time.perf_counter_ns()
+        out = self._alloc(num_tokens)
+        if out is not None and num_tokens:
+            ps = self.page_size
+            tracer.pool(self.pool_code, _ALLOC, -1, num_tokens, num_tokens // ps, time.perf_counter_ns() - t0)
+        return out
+
+    def free(self, slots: torch.Tensor) -> int:
+        """``_free`` emitting a ``pool`` free row with its measured CPU (``dur_ns``)."""
+        t0 = time.perf_counter_ns()
+        n = self._free(slots)
+        if n:
+            tracer.pool(self.pool_code, _FREE, -1, n, n // self.page_size, time.perf_counter_ns() - t0)
+        return n
+
+    def _alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Take ``num_tokens`` slots from the head (merging released chunks if short).
 
         Args:
@@ -101,7 +125,7 @@ class HostPool:
             self.slot_used[out] = True
             return out
 
-    def free(self, slots: torch.Tensor) -> int:
+    def _free(self, slots: torch.Tensor) -> int:
         """Return slots to the pool.
 
         Args:

@@ -65,8 +65,18 @@ def test_admission_budgets_agree_before_the_first_divergence(runs):
     assert compared >= 20
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-@pytest.mark.xfail(strict=True, reason="docs/fidelity.md, Known divergence 1: the real allocator evicts earlier")
+# Cases that still part from the real code (docs/fidelity.md, "Known divergence"): each is a strict
+# xfail, so one that starts agreeing fails the suite until it is removed from this set.
+DIVERGENT = {c.name for c in CASES} - {"s9-ps16-w32-full4096"}
+
+
+def _params():
+    for c in CASES:
+        marks = [pytest.mark.xfail(strict=True, reason="docs/fidelity.md, Known divergence")] if c.name in DIVERGENT else []
+        yield pytest.param(c, id=c.name, marks=marks)
+
+
+@pytest.mark.parametrize("case", list(_params()))
 def test_backends_agree_step_by_step(runs, case):
     from replay.runs.diff import diff_runs, request_hits
 

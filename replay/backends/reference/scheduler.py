@@ -317,13 +317,16 @@ class ReferenceBackend:
 
     def _alloc_extend(self, reqs: list[RefReq], extends: dict[int, int]) -> None:
         ps, model = self.settings.page_size, self.model
-        items, need = [], 0
+        items, extend_tokens = [], 0
         for r in reqs:
             st = model.request(r.rid)
             n = r.extend_end - st.seq_tokens
             if n > 0:
                 items.append((r.rid, n))
-                need += ceil_page(st.seq_tokens + n, ps) - ceil_page(st.seq_tokens, ps)
+                extend_tokens += n
+        # The eviction demand of 0.5.23's ``alloc_for_extend``: the batch's extend tokens, plus one
+        # page per request when paged (``alloc_paged_token_slots_extend``'s conservative estimate).
+        need = extend_tokens + (len(reqs) * ps if ps > 1 else 0)
         self._evict(need, need if self.settings.has_swa else 0)
         if items and not model.alloc_extend_batch(items):
             raise RuntimeError(f"reference backend: step {self.forward_ct}: extend of {need} tokens does not fit "
@@ -394,6 +397,10 @@ class ReferenceBackend:
                 freed = model.free_swa_out_of_window(r.rid, st.seq_tokens, s.swa_eviction_interval_tokens)
                 if freed:
                     tracer.cache(int(CacheOp.SWA_RELEASE), r.rid, 0, 0, 0, 0, freed)
+        # ``alloc_for_decode``'s eviction demand: one page per request (``bs * page_size``), not
+        # only the requests at a page boundary that the decode-memory check counted.
+        need = len(batch) * s.page_size
+        self._evict(need, need if s.has_swa else 0)
         if not model.alloc_decode([r.rid for r in batch]):
             raise RuntimeError(f"reference backend: step {self.forward_ct}: decode allocation failed after "
                                f"the decode-memory check; occupancy={self._occ_text()}")
