@@ -4,7 +4,9 @@ One :meth:`SglangBackend.step` is one iteration of sglang's (non-overlap) schedu
 same calls ``Scheduler.get_next_batch_to_run`` / ``process_batch_result_*`` make, in the same
 order, on the real objects (see ``build.py``):
 
-1. HiCache events (``tree.check_hicache_events``), arrivals up to the virtual clock.
+1. Arrivals up to the virtual clock; ``SchedulerPoolStatsObserver.get_pool_stats()`` (the
+   scheduler's pool sample, which the tracer hooks take as the end of the previous step: the
+   point where they sample sglang's own Scheduler); HiCache events (``check_hicache_events``).
 2. Stash the chunked request (``checkpoint_kv_cache``), merge the last prefill batch into the
    running batch (``ScheduleBatch.filter_batch`` / ``merge_batch``).
 3. Prefill admission: ``SchedulePolicy.calc_priority``, ``PrefillAdder.add_chunked_req`` /
@@ -18,7 +20,6 @@ order, on the real objects (see ``build.py``):
    advances by ``step_fixed_ns + step_per_token_ns * tokens``.
 6. Results: ``update_finish_state``, then ``release_kv_cache`` (finished) or
    ``checkpoint_kv_cache`` (prefill done, decoding continues), decode frees inside a free group.
-7. ``SchedulerPoolStatsObserver.get_pool_stats()`` once (the tracer hooks' step boundary).
 
 Steps 2-4 and 6 live in ``mirror.py`` (the restated scheduler control flow); this module holds
 the run's lifecycle, arrivals, the virtual clock and the accounting.
@@ -152,6 +153,7 @@ class SglangBackend(SchedulerMirror):
             self.step()
             if on_progress is not None:
                 on_progress(self.result.num_finished + self.result.num_aborted - before)
+        self.close_step()
         self.result.final_occupancy = {p: o.as_dict() for p, o in self.occupancy().items()}
         return self.result
 
@@ -162,9 +164,14 @@ class SglangBackend(SchedulerMirror):
         begin = getattr(self.observer, "on_step_begin", None)
         if begin is not None:
             begin(self.clock_ns)
+        self._admit_arrivals()
+        # The scheduler's per-step pool sample, at the point where sglang's own Scheduler is
+        # sampled by the tracer hooks (the top of get_next_batch_to_run: after the arrivals,
+        # before HiCache events and batch selection). The hooks take it as the boundary of the
+        # previous step; ``run`` closes the last step with one more call.
+        rt.stats_observer.get_pool_stats()
         if rt.tree.cache_controller is not None:
             rt.tree.check_hicache_events()
-        self._admit_arrivals()
         batch = self._next_batch()
         num_retracted = self._last_retracted
         if batch is None:
@@ -172,15 +179,17 @@ class SglangBackend(SchedulerMirror):
         else:
             record = self._run_batch(batch, num_retracted)
         self.forward_ct += 1
-        # The scheduler's per-step pool sample; tracer hooks take it as the step boundary, so
-        # it runs exactly once per step, after the step's results are processed.
-        rt.stats_observer.get_pool_stats()
         record = dataclasses.replace(record, cpu_ns=perf_counter_ns() - t0)
         if self.observer is not None:
             self.observer.on_step(record, self)
         if self.check_integrity_every and self.forward_ct % self.check_integrity_every == 0:
             self.check_integrity()
         return record
+
+    def close_step(self) -> None:
+        """End the last step for the tracer hooks: the pool sample that would open the next
+        iteration (``run`` calls it once the workload is done; a caller stepping by hand may)."""
+        self.rt.stats_observer.get_pool_stats()
 
     def occupancy(self) -> dict[str, PoolOccupancy]:
         """Per-pool capacity/available/evictable/protected/held from the real objects."""
@@ -204,16 +213,42 @@ class SglangBackend(SchedulerMirror):
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
             req = self._make_req(wreq)
-            if wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens:
+            if self._refused_at_arrival(wreq):
                 self._abort(req, "too_long", "prompt does not fit the full KV pool")
             else:
                 self.waiting.append(req)
+
+    def _refused_at_arrival(self, wreq: WorkloadRequest) -> bool:
+        """A prompt the empty pools cannot hold (aborted ``too_long`` by both schedulers)."""
+        s = self.settings
+        return (wreq.input_len + s.page_size >= s.full_pool_tokens
+                or self._max_new_tokens(wreq.input_len, wreq.max_new_tokens) is None)
+
+    def _max_new_tokens(self, input_len: int, max_new_tokens: int) -> int | None:
+        """``Scheduler.init_req_max_new_tokens``: ``max_new_tokens`` clipped to the request row
+        (``max_req_len - input_len - 1``) and to what the empty pools can hold with the prompt
+        (the allocator's own ``max_new_tokens_for_memory``); None when the prompt alone cannot fit.
+
+        The Scheduler applies this to every arriving request; the admission budget
+        (``PrefillAdder.add_one_req``) reserves the clipped value, so a long prompt whose
+        ``prompt + max_new_tokens`` exceeds the pool is still admitted.
+        """
+        s = self.settings
+        max_req_len = self.rt.max_context_tokens - 1  # the row width; the Scheduler's max_req_len
+        n = max(0, min(max_new_tokens, max_req_len - input_len - 1))
+        return self.rt.allocator.max_new_tokens_for_memory(
+            input_len, n, token_capacity=s.full_pool_tokens,
+            sliding_window_size=s.sliding_window_tokens if s.has_swa else None,
+            chunk_size=s.chunked_prefill_size)
 
     def _make_req(self, wreq: WorkloadRequest):
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
-        sp = SamplingParams(max_new_tokens=wreq.max_new_tokens, temperature=0.0)
+        # Clipped as Scheduler.init_req_max_new_tokens clips it (0 for a prompt that cannot fit,
+        # which is then aborted at arrival).
+        sp = SamplingParams(max_new_tokens=self._max_new_tokens(wreq.input_len, wreq.max_new_tokens) or 0,
+                            temperature=0.0)
         sp.normalize(None)
         # session_id is metadata unless --enable-session-radix-cache (off here); it lets the
         # hooks' arrival rows keep the workload's sessions.

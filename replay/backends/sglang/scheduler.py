@@ -289,16 +289,23 @@ class RealSchedulerBackend(SglangBackend):
         sched.last_batch = batch
         self._collect_finished(batch)
         self.forward_ct += 1
-        # The scheduler's per-step pool sample (also the step boundary of loops that are not
-        # the real Scheduler); with the real Scheduler the hooks end a step at the top of
-        # get_next_batch_to_run, and this call is an ordinary sample.
-        self.rt.stats_observer.get_pool_stats()
         record = dataclasses.replace(record, cpu_ns=perf_counter_ns() - t0)
         if self.observer is not None:
             self.observer.on_step(record, self)
         if self.check_integrity_every and self.forward_ct % self.check_integrity_every == 0:
             self.check_integrity()
         return record
+
+    def close_step(self) -> None:
+        """End the last step for the tracer hooks, whose boundary with the real Scheduler is the
+        top of ``get_next_batch_to_run``: one more call, which with nothing waiting or running
+        selects no batch."""
+        sched = self.sched
+        plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
+        sched.running_batch = plan.running_batch
+        if plan.batch_to_run is not None:
+            raise RuntimeError("close_step: the Scheduler selected a batch after the run finished")
+        sched.last_batch = None
 
     def _run_real_batch(self, batch, num_retracted: int):
         from replay.backends.sglang.loop import StepRecord
@@ -343,7 +350,7 @@ class RealSchedulerBackend(SglangBackend):
             self._next_arrival += 1
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
-            if wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens:
+            if self._refused_at_arrival(wreq):
                 self._abort(self._make_req(wreq), "too_long", "prompt does not fit the full KV pool")
                 continue
             sp = SamplingParams(max_new_tokens=wreq.max_new_tokens, temperature=0.0)
@@ -373,6 +380,17 @@ class RealSchedulerBackend(SglangBackend):
         return record
 
 
+def _hook_scheduler_module() -> None:
+    """Let installed tracer hooks wrap ``Scheduler`` (its module is imported only now, after a
+    recording installed them): their step boundary is then the top of the real
+    ``get_next_batch_to_run``, as in a server. Without it they would end a step at every
+    ``get_pool_stats`` sglang's metrics code makes (several per iteration)."""
+    import tracer.sglang
+
+    if tracer.sglang.is_installed():
+        tracer.sglang.install(check=False, lazy=True)
+
+
 @contextlib.contextmanager
 def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tokens: int):
     """Construct the replay Scheduler (process-global sglang context published for it)."""
@@ -388,6 +406,7 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
     if not _SCHEDULER_CLASS:
         _SCHEDULER_CLASS.append(_make_scheduler_class())
+    _hook_scheduler_module()
     cls = _SCHEDULER_CLASS[0]
     cls._kvtrace_backend = backend
     backend._reqs = {}
