@@ -16,7 +16,13 @@ Rows:
   delays included; ``max_stall_ms_trials`` each trial's maximum; ``max_gap_ms_baseline`` the
   longest gap of the same loop with the recorder stopped (what this machine does alone).
 
+``--contended`` runs two CPU-bound competitor processes (``while True: pass``) for the whole
+benchmark, as a server's scheduler shares its cores with tokenizers, detokenizers and other ranks;
+``--flusher`` picks the recorder's flusher ("process": the drain process of ``tracer.drain``;
+"thread": the in-process flusher thread); ``--stall-only`` measures only the stall trials.
+
 Usage: python bench/tracer_overhead.py [--json] [--events N] [--stall-trials K] [--stall-seconds S]
+       [--contended] [--flusher process|thread] [--stall-only]
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import os
 import queue
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,6 +44,9 @@ from pathlib import Path
 import numpy as np
 
 import tracer
+from tracer.recorder import RecorderOptions
+
+FLUSHER = [RecorderOptions.flusher]  # set by --flusher; passed to every tracer.start here
 from tracer.schema import Pool, PoolOp
 
 _CALLS = {
@@ -69,7 +80,7 @@ def bench_emits(tmp: Path, n: int, repeats: int) -> dict:
 
     out = {"noop_call_ns": _loop_ns("noop(0, 0, i, 64, 1, 0)", n, repeats, {"noop": noop}),
            "emit_ns_disabled": _loop_ns(_CALLS["pool"], n, repeats)}
-    rec = tracer.start(tmp / "emit", buffer_events=max(n + 10_000, 1 << 16),
+    rec = tracer.start(flusher=FLUSHER[0], out_dir=tmp / "emit", buffer_events=max(n + 10_000, 1 << 16),
                        row_buffer_events=max(n + 10_000, 1 << 16), flush_interval_ms=60_000,
                        poll_interval_ms=60_000)
     for name, call in _CALLS.items():
@@ -155,7 +166,7 @@ def bench_publisher(n: int, batch: int = 256) -> float:
 def bench_tracer_total(tmp: Path, n: int) -> float:
     """Total process CPU ns per pool event: emits plus the background flush to disk and the
     Parquet compaction at stop (buffer sized so that nothing is dropped)."""
-    rec = tracer.start(tmp / "total", flush_interval_ms=100, buffer_events=max(n, 1 << 16))
+    rec = tracer.start(flusher=FLUSHER[0], out_dir=tmp / "total", flush_interval_ms=100, buffer_events=max(n, 1 << 16))
     c0 = time.process_time_ns()
     for i in range(n):
         tracer.pool(0, 0, i, 64, 1, 0)
@@ -222,7 +233,7 @@ def _replay_calls(calls) -> None:
 
 def bench_flush_and_bytes(tmp: Path, n: int) -> dict:
     calls = list(realistic_stream(n))
-    tracer.start(tmp / "real", buffer_events=1 << 21, flush_interval_ms=60_000, poll_interval_ms=60_000,
+    tracer.start(flusher=FLUSHER[0], out_dir=tmp / "real", buffer_events=1 << 21, flush_interval_ms=60_000, poll_interval_ms=60_000,
                  segment_max_bytes=1 << 40)
     rec = tracer.active()
     _replay_calls(calls)
@@ -297,7 +308,7 @@ def _stall_trial(tmp: Path, seconds: float) -> tuple[float, float, int, int]:
     """One trial: a thread emitting in a tight loop while the flusher flushes every 50 ms and
     rotates segments every ~2 MB (each rotation converts IPC -> Parquet in the flusher thread).
     Returns (stall ms less OS run-queue delay, raw gap ms, events, drops)."""
-    rec = tracer.start(tmp, buffer_events=1 << 20, flush_interval_ms=50, poll_interval_ms=10,
+    rec = tracer.start(tmp, flusher=FLUSHER[0], buffer_events=1 << 20, flush_interval_ms=50, poll_interval_ms=10,
                        segment_max_bytes=2 << 20)
     try:
         worst, worst_raw, n = _gap_loop(tracer.pool, seconds)
@@ -311,7 +322,7 @@ def bench_stall(tmp: Path, seconds: float, trials: int) -> dict:
     recorder stopped. ``stall_other_cpu_s``: CPU time other processes used meanwhile (0 on a
     quiet machine); ``stall_drop_frac``: share of the tight loop's events that the flusher,
     starved of the GIL, had to drop (counted in ``drops`` rows, as designed)."""
-    maxima, raws, base, events, drops = [], [], [], 0, 0
+    maxima, raws, base, base_stall, events, drops = [], [], [], [], 0, 0
     busy0, t0 = _busy_ticks(), os.times()
     for k in range(trials):
         gc.collect()
@@ -319,14 +330,31 @@ def bench_stall(tmp: Path, seconds: float, trials: int) -> dict:
         maxima.append(m)
         raws.append(raw)
         events, drops = events + n, drops + d
-        base.append(_gap_loop(tracer.pool, seconds / 2)[1] / 1e6)  # recorder stopped: no-op emits
+        b_stall, b_raw, _n = _gap_loop(tracer.pool, seconds / 2)  # recorder stopped: no-op emits
+        base.append(b_raw / 1e6)
+        base_stall.append(b_stall / 1e6)
     busy, t1 = _busy_ticks() - busy0, os.times()
     mine = sum(t1[:4]) - sum(t0[:4])  # user, system, children user, children system (seconds)
     return {"max_stall_ms": max(maxima), "max_stall_ms_trials": [round(m, 3) for m in maxima],
             "max_gap_ms_raw": max(raws), "max_gap_ms_raw_trials": [round(m, 3) for m in raws],
             "max_gap_ms_baseline": max(base),
+            # the same correction with the recorder stopped: what the machine alone does to the
+            # loop beyond run-queue delay (hypervisor steal, interrupts, memory pressure)
+            "max_stall_ms_baseline": max(base_stall),
+            "max_stall_ms_baseline_trials": [round(m, 3) for m in base_stall],
             "stall_drop_frac": drops / max(events, 1),
             "stall_other_cpu_s": max(busy / os.sysconf("SC_CLK_TCK") - mine, 0.0)}
+
+
+def start_competitors(n: int = 2) -> list[subprocess.Popen]:
+    """``n`` CPU-bound processes (a Python busy loop each) competing for the cores."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop_competitors(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
 
 
 def main() -> None:
@@ -336,10 +364,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--stall-seconds", type=float, default=2.0, help="length of one stall trial")
     ap.add_argument("--stall-trials", type=int, default=5)
+    ap.add_argument("--contended", action="store_true",
+                    help="run two CPU-bound competitor processes during the benchmark")
+    ap.add_argument("--flusher", choices=("process", "thread"), default=RecorderOptions.flusher,
+                    help="recorder flusher (default: RecorderOptions' default)")
+    ap.add_argument("--stall-only", action="store_true", help="only the stall trials")
     args = ap.parse_args()
+    FLUSHER[0] = args.flusher
     tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
+    competitors = start_competitors(2) if args.contended else []
+    r = {"flusher": args.flusher, "competitors": len(competitors), "cpus": os.cpu_count()}
     try:
-        r = bench_emits(tmp, args.events, args.repeats)
+        if args.stall_only:
+            r.update(bench_stall(tmp, args.stall_seconds, args.stall_trials))
+            return _report(r, args.json)
+        r.update(bench_emits(tmp, args.events, args.repeats))
         r["publisher_ns"] = bench_publisher(args.events)
         r["tracer_total_ns_pool"] = bench_tracer_total(tmp, args.events)
         r["ratio_publisher_over_emit"] = r["publisher_ns"] / r["emit_ns_pool"]
@@ -347,9 +386,14 @@ def main() -> None:
         r.update(bench_flush_and_bytes(tmp, 1_000_000))
         r.update(bench_stall(tmp, args.stall_seconds, args.stall_trials))
     finally:
+        stop_competitors(competitors)
         shutil.rmtree(tmp, ignore_errors=True)
+    _report(r, args.json)
+
+
+def _report(r: dict, as_json: bool) -> None:
     r = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()}
-    if args.json:
+    if as_json:
         print(json.dumps(r))
         return
     targets = {"emit_ns_pool": "<= 250", "emit_ns_cache": "<= 250", "emit_ns_disabled": "<= 60",
@@ -357,6 +401,9 @@ def main() -> None:
                "flush_events_per_s": ">= 2e6", "max_stall_ms": "<= 5"}
     print(f"{'figure':<34} {'value':>16}  target")
     for k, v in r.items():
+        if isinstance(v, str):
+            print(f"{k:<34} {v:>16}")
+            continue
         if isinstance(v, list):
             print(f"{k:<34} {' '.join(f'{x:.2f}' for x in v):>16}")
             continue

@@ -95,9 +95,11 @@ _NP_CODES = {"q": "<i8", "i": "<i4", "B": "u1", "Q": "<u8", "I": "<u4", "h": "<i
 class StructBuffer:
     """Double-buffered fixed-size records of one family."""
 
-    def __init__(self, fam: Family, capacity: int, ts_in_record: bool = True):
+    def __init__(self, fam: Family, capacity: int, ts_in_record: bool = True, shared: list | None = None):
         """``ts_in_record=False``: records omit ``ts_ns`` (the recorder fills it at flush from
-        its clock marks, saving a load and a packed field per emit)."""
+        its clock marks, saving a load and a packed field per emit). ``shared``: a fixed ring of
+        ``1 + MAX_FREE`` shared-memory buffers (``flusher="process"``, see ``tracer.drain``):
+        the first is current, the others free; ``swap`` then never allocates."""
         self.fam = fam
         self.ts_in_record = ts_in_record
         cols = [c for c in fam.columns if c.code and (ts_in_record or c.name != "ts_ns")]
@@ -112,6 +114,12 @@ class StructBuffer:
         })
         self.lock = threading.Lock()
         self.pending: list[tuple] = []  # full buffers swapped out by the slow path
+        self.shared = shared
+        if shared is not None:
+            self.ring_index = {id(m): i for i, m in enumerate(shared)}
+            self.free = [(m, itertools.count(0, self.size), []) for m in shared[1:]]
+            self.cur = [(shared[0], itertools.count(0, self.size), [])]
+            return
         self.free: list[tuple] = [self._new(committed=True)]  # clean buffers (the slow path's spare)
         self.cur = [self._new(committed=True)]
 
@@ -154,9 +162,19 @@ class StructBuffer:
             assert peek_count(ctr) == 0 and not side, f"{self.fam.name}: a free buffer is in use"
             assert len(data) == self.capacity * self.size, f"{self.fam.name}: buffer size"
 
-    def swap(self) -> tuple:
-        """Swap in a clean buffer; returns the old one. Mutates: ``cur``, ``free``."""
-        new = self.take_free() or self._new()
+    def release(self, idx: int) -> None:
+        """The drain process gave ring buffer ``idx`` back, zeroed. Mutates: ``free``."""
+        with self.lock:
+            self.free.append((self.shared[idx], itertools.count(0, self.size), []))
+
+    def swap(self) -> tuple | None:
+        """Swap in a clean buffer; returns the old one (None: a shared ring has no free buffer
+        now, the current one stays). Mutates: ``cur``, ``free``."""
+        new = self.take_free()
+        if new is None:
+            if self.shared is not None:
+                return None
+            new = self._new()
         with self.lock:
             old, self.cur[0] = self.cur[0], new
         return old

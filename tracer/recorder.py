@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from tracer.schema import manifest as _manifest
 from tracer import chunks as _chunks
+from tracer import drain as _drain
 from tracer import segments as _segments
 from tracer.buffers import (Drops, RowBuffer, StructBuffer, handoff, page_ids_column, peek_count,
                             set_progress_probe, start_turn, yield_gil)
@@ -63,6 +64,9 @@ class RecorderOptions:
     clock: str = "step"  # "step" | "event" | "manual"
     on_fork: str = "off"  # "off" (child records nothing) | "child" (child gets its own rank)
     stop_timeout_s: float = 10.0
+    # "process": a drain process converts and writes (tracer.drain), the server's interpreter
+    # only fills shared buffers; "thread": the in-process flusher thread does it all.
+    flusher: str = "thread"
 
     def __post_init__(self):
         if self.detail not in ("steps", "counts", "pages"):
@@ -71,8 +75,32 @@ class RecorderOptions:
             raise ValueError(f"clock must be 'step', 'event' or 'manual', got {self.clock!r}")
         if self.on_fork not in ("off", "child"):
             raise ValueError(f"on_fork must be 'off' or 'child', got {self.on_fork!r}")
+        if self.flusher not in ("process", "thread"):
+            raise ValueError(f"flusher must be 'process' or 'thread', got {self.flusher!r}")
         if self.buffer_events < 16 or self.row_buffer_events < 16:
             raise ValueError("buffer_events and row_buffer_events must be >= 16")
+
+
+class _PipeWake:
+    """``threading.Event``'s ``set`` for the process flusher: a byte on the notice pipe."""
+
+    def __init__(self, rec: "Recorder"):
+        self.rec = rec
+
+    def set(self) -> None:
+        fd = self.rec._notice_w
+        if fd is None:
+            return
+        try:
+            os.write(fd, b"w")
+        except (BlockingIOError, OSError, TypeError):
+            pass  # the pipe is full (a wake-up is pending anyway) or closed
+
+    def is_set(self) -> bool:
+        return False
+
+    def clear(self) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,8 +142,12 @@ class Recorder:
         # from clock marks (seq, ts) left by tick/set_clock and by every emit that reads the clock.
         self.marks: list[tuple[int, int]] = []
         self.mark_carry = (np.zeros(1, np.int64), np.full(1, self.now[0], np.int64))
-        self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events, ts_in_record=not self._marked(f))
-                        for f in STRUCT_FAMILIES}
+        self._proc = None
+        if self.opts.flusher == "process":
+            self.structs = self._start_drain()
+        else:
+            self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events, ts_in_record=not self._marked(f))
+                            for f in STRUCT_FAMILIES}
         self.rows = {f: RowBuffer(FAMILIES[f], self.opts.row_buffer_events) for f in ROW_FAMILIES}
         self.drops = Drops()
         self.segments: dict[str, _segments.StreamSegment] = {}
@@ -125,7 +157,7 @@ class Recorder:
         self.stopped = False
         self._on_disable = on_disable or (lambda emits=None: None)
         self._io_lock = threading.Lock()  # one flush at a time (flusher thread or stop())
-        self._wake = threading.Event()
+        self._wake = threading.Event() if self._proc is None else _PipeWake(self)
         self._stop_req = False
         # Flushes asked for by other threads (``request_flush``) run in the flusher thread, so a
         # signal raised in the caller (KeyboardInterrupt) never cuts a flush half way.
@@ -133,9 +165,133 @@ class Recorder:
         self._flush_asked = 0
         self._flush_done = 0
         self.emits = self._build_emits()
-        self._warm_up()
+        if self._proc is None:
+            self._warm_up()
         self._thread = threading.Thread(target=self._run, name="kvtrace-flusher", daemon=True)
         self._thread.start()
+
+    # ---------------------------------------------------------------- drain process
+    def _start_drain(self) -> dict:
+        """Shared rings for the struct families and the drain process that empties them."""
+        structs, spec, fds = {}, {}, []
+        for f in STRUCT_FAMILIES:
+            probe = StructBuffer(FAMILIES[f], 16, ts_in_record=not self._marked(f), shared=[None] * 3)
+            nbytes = self.opts.buffer_events * probe.size
+            ring = [_drain.shared_buffer(nbytes, f, commit=k < 2) for k in range(3)]  # as thread mode
+            fds += [fd for fd, _m in ring]
+            spec[f] = {"fds": [fd for fd, _m in ring], "nbytes": nbytes, "capacity": self.opts.buffer_events,
+                       "ts_in_record": not self._marked(f)}
+            structs[f] = StructBuffer(FAMILIES[f], self.opts.buffer_events, ts_in_record=not self._marked(f),
+                                      shared=[m for _fd, m in ring])
+        cmd_r, cmd_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        # Notices to the flusher thread (drain: "d" flush due, "h" a buffer half full; this
+        # process: "w" wake-up): the thread sleeps in one blocking read, GIL released.
+        self._notice_r, self._notice_w = os.pipe()
+        os.set_blocking(self._notice_w, False)
+        cfg = {"dir": str(self.dir), "rank": self.rank, "options": asdict(self.opts), "structs": spec,
+               "now0": self.now[0], "cmd_fd": cmd_r, "reply_fd": rep_w, "lock_fd": self._lock_fd,
+               "notice_fd": self._notice_w, "ppid": os.getpid(), "info": self.info}
+        pass_fds = fds + [cmd_r, rep_w, self._notice_w] + ([self._lock_fd] if self._lock_fd is not None else [])
+        try:
+            self._proc = _drain.start_drain(cfg, pass_fds)
+        finally:
+            for fd in fds + [cmd_r, rep_w]:
+                os.close(fd)
+        self._cmd_fd, self._reply_fd = cmd_w, rep_r
+        ready = _drain.recv(rep_r, alive=lambda: self._proc.poll() is None)
+        if not ready:
+            self._close_pipes()
+            raise RuntimeError(f"kvtrace: the drain process did not start (exit code {self._proc.poll()})")
+        return structs
+
+    def _close_pipes(self) -> None:
+        for name in ("_cmd_fd", "_reply_fd", "_notice_r", "_notice_w"):
+            fd = getattr(self, name, None)
+            setattr(self, name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _ask_drain(self, msg: dict) -> dict | None:
+        """Send one message to the drain process and wait for its reply (GIL released)."""
+        if self._cmd_fd is None:
+            return None
+        try:
+            _drain.send(self._cmd_fd, msg)
+        except OSError:
+            return None
+        try:
+            return _drain.recv(self._reply_fd)  # end of file if the drain dies
+        except OSError:
+            return None
+
+    def _flush_process(self, force: bool, close: bool = False) -> bool:
+        """``flush`` with a drain process: swap, hand the buffers over, wait for them back."""
+        due = {name for name, b in self.structs.items() if force or self._due(b)}
+        if due & (_MARKED | _CLOCK_ROWS):
+            due |= _MARKED | _CLOCK_ROWS
+        s_swap = peek_count(self.seq)
+        swapped = {}
+        for name in self.structs:
+            if name in due:
+                b = self.structs[name]
+                with b.lock:
+                    bufs, b.pending = b.pending, []
+                old = b.swap()
+                if old is not None:
+                    bufs.append(old)
+                if bufs:
+                    swapped[name] = bufs
+        marks = []
+        if swapped:
+            marks = self.marks[:]
+            del self.marks[: len(marks)]
+        sent = [(name, b.ring_index[id(buf[0])], b.reserved(buf), buf[2])
+                for name, bufs in swapped.items() for b in (self.structs[name],) for buf in bufs]
+        rows = {}
+        for name in ROW_FAMILIES:
+            b = self.rows[name]
+            if name == "drops":
+                self._drops_to_rows()
+            if force or len(b.cur[0]) * 2 >= b.capacity:
+                rows[name] = b.swap()
+        self._inflight = sum(n for _f, _i, n, _s in sent) + sum(map(len, rows.values()))
+        reply = self._ask_drain({"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows, "close": close,
+                                 "progress": s_swap - 1 if force else 0})
+        if reply is None:
+            code = self._proc.poll()
+            raise RuntimeError(f"the drain process exited (code {code})" if code is not None
+                               else "the drain process did not answer")
+        for name, idx in reply["released"]:
+            self.structs[name].release(idx)
+        for fam, reason, first, last, n in reply["torn"]:
+            self.drops.add(fam, reason, first, last, n)
+        self.events_written.update(reply["written"])
+        self._inflight = 0
+        if reply.get("failed"):
+            self._fail(reply["failed"])
+            return False
+        return True
+
+    def _end_drain(self) -> None:
+        """Let the drain process exit (after its last reply) and reap it."""
+        if self._proc is None:
+            return
+        if self._cmd_fd is not None:
+            try:
+                _drain.send(self._cmd_fd, {"exit": True})
+            except OSError:
+                pass
+        self._close_pipes()
+        try:
+            self._proc.wait(self.opts.stop_timeout_s)
+        except Exception:
+            log.error("kvtrace: the drain process %d did not exit; killing it", self._proc.pid)
+            self._proc.kill()
+            self._proc.wait()
 
     # ---------------------------------------------------------------- emit functions
     def _marked(self, family: str) -> bool:
@@ -256,7 +412,10 @@ class Recorder:
 
         set_progress_probe(probe)  # handoffs insist while emitters are busy
         try:
-            self._loop(interval_s, poll_s, last)
+            if self._proc is not None:
+                self._loop_process()
+            else:
+                self._loop(interval_s, poll_s, last)
         finally:
             set_progress_probe(None, only_if=probe)  # a later recorder may have set its own
 
@@ -273,6 +432,31 @@ class Recorder:
             if due:
                 last = now
             ok = self.flush(force=due)
+            self._flush_answered(asked)
+            if not ok:
+                return
+        self._final()
+        self._flush_answered(self._flush_asked)
+
+    def _loop_process(self) -> None:
+        """The flusher thread with a drain process: it sleeps in a blocking read of the notice
+        pipe (no GIL, no polling: the drain watches fill levels and the flush interval) and
+        takes the GIL about three times per flush, since every GIL handoff to this thread may
+        wait for a CPU when the machine is busy, with the emitter stalled meanwhile."""
+        while not self._stop_req:
+            try:
+                got = os.read(self._notice_r, 4096)
+            except (OSError, TypeError):
+                got = b""
+            start_turn()
+            if self._stop_req:
+                break
+            if not got:
+                self._fail(RuntimeError(f"the drain process exited (code {self._proc.poll()})"))
+                self._flush_answered(self._flush_asked)
+                return
+            asked = self._flush_asked
+            ok = self.flush(force=b"d" in got or asked > self._flush_done)
             self._flush_answered(asked)
             if not ok:
                 return
@@ -317,6 +501,15 @@ class Recorder:
         """
         if self.failed:
             return False
+        if self._proc is not None:
+            with self._io_lock:
+                if self.failed:
+                    return False
+                try:
+                    return self._flush_process(force)
+                except Exception as e:
+                    self._fail(e)
+                    return False
         with self._io_lock:
             try:
                 due = {name for name, b in self.structs.items() if force or self._due(b)}
@@ -452,7 +645,7 @@ class Recorder:
     def _fail(self, exc: BaseException) -> None:
         if self.failed:
             return
-        self.failed = f"{type(exc).__name__}: {exc}"
+        self.failed = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
         self._on_disable(self._counting_emits())
         issued = peek_count(self.seq) - 1
         lost = max(issued - sum(self.events_written.values()) - self.drops.total, 0)
@@ -472,6 +665,7 @@ class Recorder:
         except Exception:
             self.drops.add("drops", DropReason.WRITE_ERROR, s_fail, s_fail, 1)
         self._write_info("crashed", lost=lost)
+        self._end_drain()
         self._release_lock()
 
     def _counting_emits(self) -> dict:
@@ -488,6 +682,21 @@ class Recorder:
 
     def _final(self) -> None:
         if self.failed:
+            self._end_drain()
+            return
+        if self._proc is not None:
+            ok = self.flush(force=True)
+            if ok:
+                with self._io_lock:
+                    try:
+                        ok = self._flush_process(force=True, close=True)
+                    except Exception as e:
+                        self._fail(e)
+                        ok = False
+            self._end_drain()
+            if ok:
+                self._write_info(self.end_state)
+            self._release_lock()
             return
         if self.flush(force=True):
             with self._io_lock:
@@ -536,7 +745,7 @@ class Recorder:
             b.check_integrity()
         buffered = sum(b.reserved(b.cur[0]) + sum(b.reserved(p) for p in b.pending)
                        for b in self.structs.values())
-        buffered += sum(len(b.cur[0]) for b in self.rows.values())
+        buffered += sum(len(b.cur[0]) for b in self.rows.values()) + getattr(self, "_inflight", 0)
         issued = peek_count(self.seq) - 1
         accounted = sum(self.events_written.values()) + self.drops.total + buffered
         assert accounted == issued, f"recorder accounts for {accounted} events but issued {issued} seqs"
@@ -568,6 +777,8 @@ class Recorder:
         """In a forked child: forget the parent's buffers and files without writing anything."""
         self.stopped = True
         self.failed = "forked"
+        self._close_pipes()  # the drain must see end of file when the parent dies
+        self._proc = None
         fd, self._lock_fd = self._lock_fd, None  # the parent's lock stays held by the parent
         if fd is not None:
             try:

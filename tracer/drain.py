@@ -1,0 +1,297 @@
+"""Out-of-process flushing (``RecorderOptions.flusher = "process"``): the drain process.
+
+Why: with other processes competing for the cores, the in-process flusher thread gets
+preempted while it holds the GIL, and an emitting thread then stalls for the whole time slice
+(8-21 ms measured on 2 vCPUs). Here the server's interpreter only fills fixed-size records and
+hands full buffers over; Arrow serialization, IPC writes and Parquet conversion run in a
+separate process, as kernel tracers drain per-CPU rings.
+
+Layout:
+
+- every struct family has a ring of ``1 + MAX_FREE`` buffers, each a ``memfd`` mapped
+  ``MAP_SHARED`` in the server and in the drain process (passed with ``pass_fds`` to a child
+  started with ``subprocess`` -- never a fork of the server);
+- the recorder's flusher thread swaps buffers as before and sends one message per flush over a
+  pipe: the swapped buffers (ring index, records reserved, pool page ids), the clock marks and
+  the row-family rows (pickled). It then waits for the reply in ``os.read`` (GIL released): the
+  buffers the drain zeroed and gives back, the rows written per family, torn records, or the
+  error that ended recording (disk full);
+- a full ring drops events, counted as today (``drops`` rows, reason ``buffer_full``);
+- the drain holds an inherited descriptor of the rank's liveness lock, so ``kvtrace recover``
+  waits for it too. When the server dies (end of file on the pipe, or a new parent pid) the
+  drain closes and converts the segments it wrote and exits: a SIGKILL of the server loses the
+  events of at most one flush interval (those not handed over yet).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+
+_LEN = struct.Struct("<Q")
+
+
+# ------------------------------------------------------------------------------ framing
+def send(fd: int, obj) -> None:
+    """Write one length-prefixed pickled message (blocks, GIL released, when the pipe is full)."""
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_LEN.pack(len(payload)) + payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_exact(fd: int, n: int, alive=None, poll_s: float = 0.5) -> bytes | None:
+    out = bytearray()
+    while len(out) < n:
+        if alive is not None:
+            r, _, _ = select.select([fd], [], [], poll_s)
+            if not r:
+                if not alive():
+                    return None
+                continue
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            return None
+        out += chunk
+    return bytes(out)
+
+
+def recv(fd: int, alive=None):
+    """One message, or None at end of file (or when ``alive()`` turns False while waiting)."""
+    head = _read_exact(fd, _LEN.size, alive)
+    if head is None:
+        return None
+    body = _read_exact(fd, _LEN.unpack(head)[0], alive)
+    return None if body is None else pickle.loads(body)
+
+
+# ------------------------------------------------------------------------------ shared buffers
+def shared_buffer(nbytes: int, name: str, commit: bool = True) -> tuple[int, mmap.mmap]:
+    """A zeroed ``memfd`` of ``nbytes`` mapped shared; ``commit``: its pages faulted in now (in
+    the caller's thread, so the emitter never takes a page fault there; buffers are recycled,
+    so a lazily faulted one costs its faults once)."""
+    fd = os.memfd_create(f"kvtrace-{name}", os.MFD_CLOEXEC)
+    os.ftruncate(fd, nbytes)
+    m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    if not commit:
+        return fd, m
+    view = np.frombuffer(m, np.uint8)
+    for start in range(0, nbytes, 1 << 20):
+        view[start : start + (1 << 20)] = 0
+    del view
+    return fd, m
+
+
+def start_drain(config: dict, pass_fds: list[int]) -> subprocess.Popen:
+    """Start ``python -m tracer.drain`` with ``config`` on its stdin (spawned, never forked)."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from tracer.drain import main; sys.exit(main())"], stdin=subprocess.PIPE,
+                            pass_fds=pass_fds, env=env, close_fds=True)
+    proc.stdin.write(pickle.dumps(config))
+    proc.stdin.close()
+    return proc
+
+
+# ------------------------------------------------------------------------------ the drain process
+class Drain:
+    """The drain process's writer: the recorder's segment and conversion code, fed by messages."""
+
+    def __init__(self, cfg: dict):
+        from tracer import buffers as _buffers
+        from tracer.recorder import Recorder, RecorderOptions
+        from tracer.schema import FAMILIES
+
+        _buffers.HOLD_BUDGET_NS = 1 << 62  # nothing here waits for the GIL: never nap
+        self.dir = cfg["dir"]
+        self.rank = cfg["rank"]
+        self.opts = RecorderOptions(**cfg["options"])
+        self.structs = {}
+        self.maps = {}
+        for name, spec in cfg["structs"].items():
+            maps = [mmap.mmap(fd, spec["nbytes"], flags=mmap.MAP_SHARED,
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE) for fd in spec["fds"]]
+            for fd in spec["fds"]:
+                os.close(fd)
+            self.maps[name] = maps
+            self.structs[name] = _buffers.StructBuffer(FAMILIES[name], spec["capacity"],
+                                                       ts_in_record=spec["ts_in_record"], shared=maps)
+        self.segments = {}
+        self.segment_opened_s = {}
+        self.events_written = {f: 0 for f in FAMILIES}
+        self.drops = _buffers.Drops()  # torn records, handed back to the server to count
+        self.mark_carry = (np.zeros(1, np.int64), np.full(1, cfg["now0"], np.int64))
+        self._rec = Recorder  # borrowed methods: one implementation of the on-disk writing
+
+    # methods of the in-process flusher, reused as is
+    def _take_marks(self, swapped, s_swap):
+        return self._rec._take_marks(self, swapped, s_swap)
+
+    def _write_struct(self, name, b, buf, n, marks):
+        return self._rec._write_struct(self, name, b, buf, n, marks)
+
+    def _segment(self, name):
+        return self._rec._segment(self, name)
+
+    def _rotate(self, force_close):
+        return self._rec._rotate(self, force_close)
+
+    def flush(self, msg: dict) -> dict:
+        from tracer.schema import FAMILIES
+        swapped: dict[str, list] = {}
+        index: dict[int, int] = {}
+        for name, idx, n, side in msg["bufs"]:
+            buf = (self.maps[name][idx], _Fixed(n), side)
+            index[id(buf)] = idx
+            swapped.setdefault(name, []).append(buf)
+        marks = None
+        if swapped:
+            self.marks = list(msg["marks"])
+            marks = self._take_marks(swapped, msg["s_swap"])
+        released = []
+        for name, lst in swapped.items():
+            b = self.structs[name]
+            for buf in lst:
+                n = buf[1].n
+                torn = self._write_struct(name, b, buf, n, marks) if n else 0
+                if torn:  # a writer was preempted between reserving and packing: let it finish
+                    time.sleep(0.5)
+                view = np.frombuffer(buf[0], np.uint8)
+                view[: (b.capacity if torn else n) * b.size] = 0
+                del view
+                released.append((name, index[id(buf)]))
+        for name, rows in msg["rows"].items():
+            if rows:
+                schema = FAMILIES[name].arrow_schema(stored=False)
+                cols = list(zip(*rows))
+                arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
+                self._segment(name).write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+                self.events_written[name] += len(rows)
+        self._rotate(force_close=bool(msg.get("close")))
+        torn = [(fam, reason, first, last, n) for (fam, reason), (first, last, n, _d)
+                in self.drops.take().items()]
+        return {"released": released, "written": dict(self.events_written), "torn": torn}
+
+    def half_full(self) -> bool:
+        """Whether a ring buffer has its middle record written (the server's flusher then swaps
+        it: the drain watches fill levels so that the server's thread never polls)."""
+        for name, b in self.structs.items():
+            off = (b.capacity // 2) * b.size + b.dtype.fields["seq"][1]
+            for m in self.maps[name]:
+                if m[off : off + 8] != b"\0" * 8:
+                    return True
+        return False
+
+    def abandon(self) -> None:
+        for seg in self.segments.values():
+            seg.abandon()
+        self.segments.clear()
+
+
+class _Fixed:
+    """Stand-in for a buffer's slot counter: ``reserved()`` peeks it (``count(n * size)``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+
+def _reserved_patch(structs: dict) -> None:
+    for b in structs.values():
+        size, cap = b.size, b.capacity
+        b.reserved = lambda buf, size=size, cap=cap: min(buf[1].n, cap)
+
+
+def main() -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the server decides when recording ends
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit is a write error
+    cfg = pickle.loads(sys.stdin.buffer.read())
+    from tracer.schema import manifest as _manifest
+    cmd_fd, reply_fd, lock_fd, ppid = cfg["cmd_fd"], cfg["reply_fd"], cfg.get("lock_fd"), cfg["ppid"]
+    drain = Drain(cfg)
+    _reserved_patch(drain.structs)
+    failed = None
+    try:
+        send(reply_fd, {"ready": os.getpid()})
+    except OSError:
+        return 1
+    notice_fd, info = cfg["notice_fd"], cfg["info"]
+    os.set_blocking(notice_fd, False)
+    interval_s = drain.opts.flush_interval_ms / 1000
+    poll_s = min(drain.opts.poll_interval_ms / 1000, interval_s)
+    last_flush, noted = time.monotonic(), set()
+
+    def notice(kind: bytes) -> None:
+        if kind not in noted:
+            noted.add(kind)
+            try:
+                os.write(notice_fd, kind)
+            except OSError:
+                pass
+
+    while True:
+        ready, _, _ = select.select([cmd_fd], [], [], poll_s)
+        if not ready:
+            if os.getppid() == ppid:
+                if time.monotonic() - last_flush >= interval_s:
+                    notice(b"d")
+                if failed is None and drain.half_full():
+                    notice(b"h")
+                continue
+            msg = None
+        else:
+            msg = recv(cmd_fd)
+        last_flush = time.monotonic()
+        noted.clear()
+        if msg is None:  # the server died: keep what it handed over, convert, exit
+            if failed is None:
+                try:
+                    drain._rotate(force_close=True)
+                except Exception:
+                    drain.abandon()
+            break
+        if msg.get("exit"):
+            break
+        if failed is not None:
+            reply = {"failed": failed, "released": [], "written": dict(drain.events_written), "torn": []}
+        else:
+            try:
+                reply = drain.flush(msg)
+                if msg.get("progress"):  # every seq up to here is on disk or counted (advisory)
+                    try:
+                        _manifest.update_rank_info(drain.dir, drain.rank, dict(info, flushed_seq=msg["progress"]))
+                    except Exception:
+                        pass
+            except Exception as e:  # disk full, directory removed, ...
+                failed = f"{type(e).__name__}: {e}"
+                drain.abandon()
+                reply = {"failed": failed, "released": [], "written": dict(drain.events_written), "torn": []}
+        try:
+            send(reply_fd, reply)
+        except OSError:
+            drain.abandon() if failed else None
+            break
+    if lock_fd is not None:
+        try:
+            os.close(lock_fd)
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
