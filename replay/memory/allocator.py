@@ -18,7 +18,6 @@ from collections.abc import Sequence
 
 import torch
 
-import tracer
 from replay.memory.results import IntegrityError, MemoryModelError
 from tracer.schema import Pool, PoolOp
 
@@ -74,6 +73,9 @@ class DeviceAllocator:
         self.capacity_tokens = self.num_pages * page_size
         self.device_free = device_free
         self.pool_code = _POOL_CODES.get(name, int(Pool.FULL))
+        # ``emit(pool, op, rid, num_slots, num_pages)`` per occupancy change (``tracer.pool`` when
+        # a backend records; this package never imports the tracer runtime).
+        self.emit = None
         self.clear()
 
     # ---- state -------------------------------------------------------------------------
@@ -143,23 +145,25 @@ class DeviceAllocator:
 
     # ---- allocation --------------------------------------------------------------------
 
-    # Every occupancy change goes through ``_take``/``_take_list``/``_release`` and is emitted as a
-    # ``pool`` row (alloc/free, slots and pages; rid -1: the model's allocator does not know the
+    # Every occupancy change goes through ``_take``/``_take_list``/``_release`` and, when ``emit`` is
+    # set, is emitted as a ``pool`` row (alloc/free, slots and pages; rid -1: the model's allocator does not know the
     # request), so per pool sum(alloc) - sum(free) is the used size as for the real allocators.
     # Frees deferred by a free group are emitted when the group releases them.
 
     def _take(self, n: int) -> torch.Tensor:
         out = self.free_pages[:n].clone()  # a view would pin the whole old free list
         self.free_pages = self.free_pages[n:]
-        if n:
-            tracer.pool(self.pool_code, _ALLOC, -1, n * self.page_size, n)
+        if n and self.emit is not None:
+            self.emit(self.pool_code, _ALLOC, -1, n * self.page_size, n)
         return out
 
     def _take_list(self, n: int) -> list[int]:
+        if n == 0:
+            return []
         out = self.free_pages[:n].tolist()
         self.free_pages = self.free_pages[n:]
-        if n:
-            tracer.pool(self.pool_code, _ALLOC, -1, n * self.page_size, n)
+        if n and self.emit is not None:
+            self.emit(self.pool_code, _ALLOC, -1, n * self.page_size, n)
         return out
 
     def alloc_pages(self, num_pages: int) -> torch.Tensor | None:
@@ -283,8 +287,8 @@ class DeviceAllocator:
 
     def _release(self, page_ids: torch.Tensor) -> None:
         n = page_ids.shape[0]
-        if n:
-            tracer.pool(self.pool_code, _FREE, -1, n * self.page_size, n)
+        if n and self.emit is not None:
+            self.emit(self.pool_code, _FREE, -1, n * self.page_size, n)
         if self.device_free == "sorted_merge":
             self.staged_pages.append(page_ids)
             self.num_staged_pages += len(page_ids)

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 
 import torch
 
-import tracer
 from replay.memory.allocator import pages_to_tokens
 from replay.memory.results import IntegrityError, MemoryModelError
 from tracer.schema import Pool, PoolOp
@@ -47,6 +46,7 @@ class HostPool:
             raise ValueError(f"unknown host_free {host_free!r}")
         self.name = name
         self.pool_code = _HOST_CODES.get(name, int(Pool.HOST_FULL))
+        self.emit = None  # ``emit(pool, op, rid, num_slots, num_pages, dur_ns)``, e.g. ``tracer.pool``
         self.page_size = page_size
         self.capacity_tokens = capacity_tokens // page_size * page_size
         self.host_free = host_free
@@ -85,19 +85,23 @@ class HostPool:
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """``_alloc`` emitting a ``pool`` alloc row with its measured CPU (``dur_ns``)."""
+        if self.emit is None:
+            return self._alloc(num_tokens)
         t0 = time.perf_counter_ns()
         out = self._alloc(num_tokens)
         if out is not None and num_tokens:
             ps = self.page_size
-            tracer.pool(self.pool_code, _ALLOC, -1, num_tokens, num_tokens // ps, time.perf_counter_ns() - t0)
+            self.emit(self.pool_code, _ALLOC, -1, num_tokens, num_tokens // ps, time.perf_counter_ns() - t0)
         return out
 
     def free(self, slots: torch.Tensor) -> int:
         """``_free`` emitting a ``pool`` free row with its measured CPU (``dur_ns``)."""
+        if self.emit is None:
+            return self._free(slots)
         t0 = time.perf_counter_ns()
         n = self._free(slots)
         if n:
-            tracer.pool(self.pool_code, _FREE, -1, n, n // self.page_size, time.perf_counter_ns() - t0)
+            self.emit(self.pool_code, _FREE, -1, n, n // self.page_size, time.perf_counter_ns() - t0)
         return n
 
     def _alloc(self, num_tokens: int) -> torch.Tensor | None:

@@ -16,31 +16,41 @@ import numpy as np
 class PageKeys:
     """Chained page keys of one token sequence, grown as tokens are appended.
 
+    The tokens live in one ``bytearray`` of little-endian int64 (a page's bytes are a slice, no
+    per-token Python ints), and keys are computed once per page, lazily.
+
     Args:
         tokens: the initial token ids.
         page_size: tokens per page.
     """
 
-    __slots__ = ("tokens", "ps", "keys")
+    __slots__ = ("buf", "ps", "keys")
 
     def __init__(self, tokens, page_size: int) -> None:
-        self.tokens = [int(t) for t in np.asarray(tokens, dtype=np.int64)]
+        self.buf = bytearray(np.ascontiguousarray(tokens, dtype="<i8").tobytes())
         self.ps = page_size
         self.keys: list[int] = []
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.buf) >> 3
+
     def append(self, token: int) -> None:
-        self.tokens.append(int(token))
+        self.buf += int(token).to_bytes(8, "little", signed=True)
 
     def up_to(self, num_tokens: int) -> list[int]:
         """Keys of the full pages within the first ``num_tokens`` tokens."""
-        n = min(num_tokens, len(self.tokens)) // self.ps
-        keys, ps = self.keys, self.ps
-        while len(keys) < n:
-            i = len(keys)
+        n = min(num_tokens, len(self.buf) >> 3) // self.ps
+        keys = self.keys
+        if len(keys) < n:
+            step = self.ps * 8
+            buf, blake = memoryview(self.buf), hashlib.blake2b
             prev = keys[-1] if keys else 0
-            page = np.asarray(self.tokens[i * ps:(i + 1) * ps], dtype=np.int64).tobytes()
-            digest = hashlib.blake2b(prev.to_bytes(8, "little") + page, digest_size=8).digest()
-            keys.append(int.from_bytes(digest, "little") >> 1)
+            for i in range(len(keys), n):
+                digest = blake(prev.to_bytes(8, "little") + buf[i * step:(i + 1) * step], digest_size=8).digest()
+                prev = int.from_bytes(digest, "little") >> 1
+                keys.append(prev)
+            buf.release()
         return keys[:n]
 
 

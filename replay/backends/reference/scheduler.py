@@ -88,6 +88,12 @@ class ReferenceBackend:
 
         s = self.settings
         self.model = KVCacheModel(s.memory_config())
+        # ``pool`` rows: every allocator and host pool of the model emits its alloc/free through
+        # the tracer (a no-op when not recording), as the real allocators' hooks do.
+        pools = self.model.pools
+        for alloc in (pools.full, pools.swa, self.model.host_full, self.model.host_swa):
+            if alloc is not None:
+                alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
@@ -380,6 +386,10 @@ class ReferenceBackend:
             tracer.sched(int(SchedKind.RETRACT), self.forward_ct, 0, 0, 0, 0, req.rid, req.prefix_len,
                          max(0, self.model.request(req.rid).seq_tokens - req.prefix_len))
             self._release(req, checkpoint=False)
+            # ``release_req``: use the freed memory at once, evicting for the requests still kept
+            # (``remaining * SGLANG_RETRACT_DECODE_STEPS`` tokens, both pools).
+            need = len(keep) * NewTokenRatio.RETRACT_DECODE_STEPS
+            self._evict(need, need if self.settings.has_swa else 0)
             req.retracted = True
             req.prefix_len = req.extend_end = 0
             retracted.append(req)
@@ -392,9 +402,12 @@ class ReferenceBackend:
     def _prepare_decode(self, batch: list[RefReq]) -> None:
         s, model = self.settings, self.model
         if s.has_swa and s.swa_out_of_window_release != "off":
+            get, window, interval = model.request, s.sliding_window_tokens, s.swa_eviction_interval_tokens
             for r in batch:
-                st = model.request(r.rid)
-                freed = model.free_swa_out_of_window(r.rid, st.seq_tokens, s.swa_eviction_interval_tokens)
+                st = get(r.rid)
+                if st.seq_tokens - window < st.swa_evicted_tokens + interval:
+                    continue  # release_out_of_window's own early exit, without the call chain
+                freed = model.free_swa_out_of_window(r.rid, st.seq_tokens, interval)
                 if freed:
                     tracer.cache(int(CacheOp.SWA_RELEASE), r.rid, 0, 0, 0, 0, freed)
         # ``alloc_for_decode``'s eviction demand: one page per request (``bs * page_size``), not
