@@ -214,6 +214,15 @@ def _reserved_patch(structs: dict) -> None:
         b.reserved = lambda buf, size=size, cap=cap: min(buf[1].n, cap)
 
 
+def _server_died(drain: Drain, failed: str | None) -> None:
+    """Close and convert what was handed over (``kvtrace recover`` then only marks the end)."""
+    if failed is None:
+        try:
+            drain._rotate(force_close=True)
+        except Exception:
+            drain.abandon()
+
+
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the server decides when recording ends
@@ -258,11 +267,7 @@ def main() -> int:
         last_flush = time.monotonic()
         noted.clear()
         if msg is None:  # the server died: keep what it handed over, convert, exit
-            if failed is None:
-                try:
-                    drain._rotate(force_close=True)
-                except Exception:
-                    drain.abandon()
+            _server_died(drain, failed)
             break
         if msg.get("exit"):
             break
@@ -282,8 +287,8 @@ def main() -> int:
                 reply = {"failed": failed, "released": [], "written": dict(drain.events_written), "torn": []}
         try:
             send(reply_fd, reply)
-        except OSError:
-            drain.abandon() if failed else None
+        except OSError:  # the server died while this message was being written
+            _server_died(drain, failed)
             break
     if lock_fd is not None:
         try:
