@@ -178,3 +178,14 @@ def test_long_prompt_is_admitted_with_max_new_tokens_clipped(tmp_path):
 
     result = run_backend(w, settings, check_integrity_every=1)
     assert (result.num_finished, result.num_aborted) == (2, 0)
+
+
+def test_hicache_agrees(tmp_path):
+    """HiCache (host pool, write_through, direct I/O on CPU) through sglang's own Scheduler: the
+    Scheduler builds the host pool and cache controller itself (``init_hicache``)."""
+    w = _truncated("shared_prefix", 24)
+    settings = SglangSettings(**dict(SMALL, host_pool_tokens=65536))
+    views = assert_agree(w, settings, tmp_path)
+    pools = {row[1] for row in views["stats"]}
+    assert any(p.startswith("host") for p in pools), pools
+    assert any(row[3] > 0 for row in views["cache"]), "no host hit: the case does not exercise HiCache"

@@ -188,8 +188,12 @@ class SglangBackend(SchedulerMirror):
 
     def close_step(self) -> None:
         """End the last step for the tracer hooks: the pool sample that would open the next
-        iteration (``run`` calls it once the workload is done; a caller stepping by hand may)."""
+        iteration (``run`` calls it once the workload is done; a caller stepping by hand may),
+        then that iteration's HiCache events (the last write acks), as the real Scheduler's
+        ``get_next_batch_to_run`` does."""
         self.rt.stats_observer.get_pool_stats()
+        if self.rt.tree.cache_controller is not None:
+            self.rt.tree.check_hicache_events()
 
     def occupancy(self) -> dict[str, PoolOccupancy]:
         """Per-pool capacity/available/evictable/protected/held from the real objects."""

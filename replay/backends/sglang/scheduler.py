@@ -125,6 +125,7 @@ class _StandInWorker(_Anything):
         self.graph_time_usage = {}
         self.graph_memory_usage = {}
         self.preloaded_weights_bytes = 0
+        self.hicache_layer_transfer_counter = None
 
     def get_memory_pool(self):
         return self.model_runner.req_to_token_pool, self.model_runner.token_to_kv_pool_allocator
@@ -135,16 +136,22 @@ class _StandInWorker(_Anything):
     def get_pad_input_ids_func(self):
         return None
 
+    def register_hicache_layer_transfer_counter(self, counter) -> None:
+        """HiCache: the tree's layer-done counter (``TpModelWorker`` keeps it the same way)."""
+        self.hicache_layer_transfer_counter = counter
+
+    def set_hicache_consumer(self, consumer_index: int) -> None:
+        if self.hicache_layer_transfer_counter is not None:
+            self.hicache_layer_transfer_counter.set_consumer(consumer_index)
+
     def forward_batch_generation(self, batch, **kwargs):
         """No forward pass: each request's next token is its synthesized output token."""
         import torch
         from sglang.srt.managers.utils import GenerationBatchResult
 
         nxt = self.backend._next_token
-        if batch.forward_mode.is_extend():
-            ids = [nxt(r) for r in batch.reqs]
-        else:
-            ids = [nxt(r) for r in batch.reqs]
+        self.set_hicache_consumer(batch.hicache_consumer_index)  # as TpModelWorker does
+        ids = [nxt(r) for r in batch.reqs]
         return GenerationBatchResult(next_token_ids=torch.tensor(ids, dtype=torch.int64),
                                      can_run_cuda_graph=False)
 
