@@ -33,7 +33,8 @@ Capture levels (issue 12): the hooked runs are made at each level of ``--levels`
 ``us_per_step``: the per-step-minimum excess over hooks off in us per step (each step timed in
 the loop thread's CPU time, so other processes on a shared machine do not count;
 ``us_per_step_wall``: the same in wall time; ``us_per_step_median``: the median step's excess,
-robust to steps a busy machine never ran uncontended), that as a share of
+robust to steps a busy machine never ran uncontended; ``noise_us_per_step[_median]``: the same
+for a second hooks-off run, the comparison's noise floor), that as a share of
 the backend's step (``pct_of_backend_step``; ``backend_step_us`` is the hooks-off step) and of a
 10 ms server step (``pct_of_10ms_step``). Targets: ``steps`` <= 5, ``counts`` <= 25 us/step.
 """
@@ -136,7 +137,8 @@ def _noemit(*args, **kwargs) -> None:
     return None
 
 
-def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS) -> dict:
+def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS,
+              detail: str = "counts") -> dict:
     """Own time of each hook (wrapper minus the original it wraps), in one hooked run.
 
     Returns ``{"steps": n, "own_us_per_step": total, "hooks": [{name, calls, own_us_per_call,
@@ -169,7 +171,7 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
                     calls[key] += 1
         return t
 
-    tracer.sglang.install()
+    tracer.sglang.install(detail=detail)
     try:
         for p in hooks_mod._patcher._patches:  # the wrapper's closure holds its original
             rep = p.replacement
@@ -185,7 +187,7 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
             setattr(p.owner, p.name, timed(rep, key, outer, True))
         tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
         try:
-            tracer.start(tmp, source="sglang-backend")
+            tracer.start(tmp, source="sglang-backend", detail=detail)
             try:
                 with SglangBackend(wl, settings, debug_memory_pool=False) as be:
                     steps = be.run().num_steps
@@ -202,7 +204,8 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
             "hooks": rows}
 
 
-def _rounds(wl, settings, modes: tuple[str, ...], repeat: int) -> tuple[dict, object, list, list]:
+def _rounds(wl, settings, modes: tuple[str, ...], repeat: int,
+            detail: str = "counts") -> tuple[dict, object, list, list]:
     """``repeat`` rounds over ``modes`` (order reversed every other round). A mode is ``off``
     (or ``off2``: the same again, the noise floor) or a ``_run_on`` variant. Returns the runs
     per mode, the (common) result, events and final-flush times of the ``on`` runs."""
@@ -222,7 +225,7 @@ def _rounds(wl, settings, modes: tuple[str, ...], repeat: int) -> tuple[dict, ob
                         events.append(n)
                         stops.append(stop_s)
                 else:
-                    times, result, n, stop_s = _run_on(wl, settings, tmp / f"{mode}{i}", mode)
+                    times, result, n, stop_s = _run_on(wl, settings, tmp / f"{mode}{i}", mode, detail)
                     if mode == "on":
                         events.append(n)
                         stops.append(stop_s)
@@ -273,7 +276,7 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
     (``pct_of_10ms_step``), the rows per step and the trace's families."""
     info, settings, wl = _load(workload_path, requests, overrides)
     levels = tuple(lv for lv in LEVELS if lv in levels or lv == "counts")
-    runs, reference, events, stops = _rounds(wl, settings, ("off",) + levels, repeat)
+    runs, reference, events, stops = _rounds(wl, settings, ("off", "off2") + levels, repeat)
     runs["on"] = runs["counts"]
     steps = reference.num_steps
 
@@ -295,8 +298,11 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
                          "us_per_step_median": _median_step_excess_us(runs[lv], runs["off"]),
                          "pct_of_10ms_step": round(us / SERVER_STEP_US * 100, 3),
                          "wall_s": round(med(lv, "wall"), 4)}
+    noise = (_step_min_s(runs["off2"], "steps_cpu") - off_cpu) * 1e6 / steps
     return {
         "levels": per_level,
+        "noise_us_per_step": round(noise, 2),  # off again minus off: the comparison's noise floor
+        "noise_us_per_step_median": _median_step_excess_us(runs["off2"], runs["off"]),
         "backend_step_us": round(off_cpu * 1e6 / steps, 1),
         "workload": str(workload_path),
         "num_requests": len(wl.requests),
@@ -327,24 +333,29 @@ def measure(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTING
 DECOMPOSE_MODES = ("off", "off2", "intercept", "noemit", "on")
 
 
-def decompose(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 4) -> dict:
+def decompose(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTINGS, repeat: int = 4,
+              detail: str = "counts") -> dict:
     """Where the overhead comes from, side by side in one process: ``off``; ``off2`` (off again:
     the noise floor of the comparison); ``intercept`` (the wrappers alone); ``noemit`` (the
     wrappers and the hooks' reading of sglang state, no rows written); ``on``. Per mode: the
     step-minimum sum and median wall, their excess over ``off`` (% and us per step)."""
     _info, settings, wl = _load(workload_path, requests, overrides)
-    runs, reference, events, _ = _rounds(wl, settings, DECOMPOSE_MODES, repeat)
+    runs, reference, events, _ = _rounds(wl, settings, DECOMPOSE_MODES, repeat, detail)
     steps = reference.num_steps
     base_min = _step_min_s(runs["off"])
     base_wall = statistics.median(r["wall"] for r in runs["off"])
+    base_cpu = _step_min_s(runs["off"], "steps_cpu")
     modes = {}
     for m in DECOMPOSE_MODES:
         mn = _step_min_s(runs[m])
+        cpu_us = (_step_min_s(runs[m], "steps_cpu") - base_cpu) * 1e6 / steps
         wall = statistics.median(r["wall"] for r in runs[m])
         modes[m] = {"step_min_s": round(mn, 4), "step_min_pct": round((mn / base_min - 1) * 100, 2),
                     "step_min_us_per_step": round((mn - base_min) * 1e6 / steps, 1),
+                    "cpu_us_per_step": round(cpu_us, 1),
+                    "cpu_us_per_step_median": _median_step_excess_us(runs[m], runs["off"]),
                     "wall_s": round(wall, 4), "wall_pct": round((wall / base_wall - 1) * 100, 2)}
-    return {"workload": str(workload_path), "num_steps": steps, "repeat": repeat,
+    return {"workload": str(workload_path), "num_steps": steps, "repeat": repeat, "detail": detail,
             "events_per_step": round(statistics.median(events) / steps, 2), "modes": modes}
 
 
@@ -359,6 +370,8 @@ def main(argv=None) -> int:
                     help="also time each hook's own cost per call and per step (one more run)")
     ap.add_argument("--decompose", action="store_true",
                     help="instead: off, off again (noise), wrappers only, hooks without rows, on")
+    ap.add_argument("--detail", choices=LEVELS, default="counts",
+                    help="capture level of the --decompose (and --breakdown) hooked runs")
     ap.add_argument("--levels", default=",".join(LEVELS),
                     help="capture levels measured, comma-separated (counts is always run)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -366,7 +379,7 @@ def main(argv=None) -> int:
     overrides = tuple(args.overrides) if args.overrides else DEFAULT_SETTINGS
     if args.decompose:
         d = decompose(args.workload, requests=args.requests, overrides=overrides,
-                      repeat=args.repeat)
+                      repeat=args.repeat, detail=args.detail)
         return _report(d, args.json, _print_decomposition)
     levels = tuple(x.strip() for x in args.levels.split(",") if x.strip())
     bad = [x for x in levels if x not in LEVELS]
@@ -376,6 +389,9 @@ def main(argv=None) -> int:
                 levels=levels)
     if args.breakdown:
         r["breakdown"] = breakdown(args.workload, requests=args.requests, overrides=overrides)
+        if "steps" in levels:
+            r["breakdown_steps"] = breakdown(args.workload, requests=args.requests, overrides=overrides,
+                                             detail="steps")
     return _report(r, args.json, _print_measure)
 
 
@@ -391,10 +407,12 @@ def _report(result: dict, as_json: bool, table) -> int:
 def _print_decomposition(d: dict) -> None:
     print(f"workload {d['workload']}: {d['num_steps']} steps, {d['repeat']} rounds, "
           f"{d['events_per_step']} rows/step when on")
-    print(f"{'mode':12}{'step-min s':>11}{'excess':>9}{'us/step':>9}{'wall s':>9}{'excess':>9}")
+    print(f"{'mode':12}{'step-min s':>11}{'excess':>9}{'us/step':>9}{'cpu us':>9}{'median':>9}"
+          f"{'wall s':>9}{'excess':>9}")
     for m, v in d["modes"].items():
         print(f"{m:12}{v['step_min_s']:>11.3f}{v['step_min_pct']:>8.2f}%"
-              f"{v['step_min_us_per_step']:>9.1f}{v['wall_s']:>9.3f}{v['wall_pct']:>8.2f}%")
+              f"{v['step_min_us_per_step']:>9.1f}{v['cpu_us_per_step']:>9.1f}{v['cpu_us_per_step_median']:>9.1f}"
+              f"{v['wall_s']:>9.3f}{v['wall_pct']:>8.2f}%")
 
 
 def _print_measure(r: dict) -> None:

@@ -59,9 +59,10 @@ def on_module_loaded(name: str) -> None:
 
             if _status["installed"] == 0:
                 hooks.check_version()
+                state.resolve_detail(None)  # a wrong KVTRACE_DETAIL disarms, named in the log
             _status["installed"] += hooks.install(check=False, lazy=True)
             state.starter[0] = start_recording
-        except hooks.UnsupportedSglang as e:
+        except (hooks.UnsupportedSglang, ValueError) as e:
             _status["disabled"] = str(e)
             log.error("kvtrace: %s; hooks not installed", e)
         except Exception as e:
