@@ -410,12 +410,12 @@ class Recorder:
         def probe() -> int:
             return peek_count(seq)
 
+        if self._proc is not None:  # no GIL handoffs to insist on: nothing here holds it long
+            self._loop_process()
+            return
         set_progress_probe(probe)  # handoffs insist while emitters are busy
         try:
-            if self._proc is not None:
-                self._loop_process()
-            else:
-                self._loop(interval_s, poll_s, last)
+            self._loop(interval_s, poll_s, last)
         finally:
             set_progress_probe(None, only_if=probe)  # a later recorder may have set its own
 
