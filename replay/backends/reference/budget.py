@@ -117,12 +117,12 @@ class PrefillBudget:
     def check_prefill(self, extend: int, total_tokens: int, max_new: int, swa_host_hit: int,
                       chunk_limit: int | None) -> tuple[bool, int | None, int]:
         """(admit, chunk limit, SWA need) of an extend (sglang ``check_prefill``)."""
-        if total_tokens >= self.rem_total:
-            return False, None, -1
         if not self.s.has_swa:
-            return True, chunk_limit, -1
+            return total_tokens < self.rem_total, (chunk_limit if total_tokens < self.rem_total else None), -1
         extend = ceil_page(extend, self.ps)
         need = self.swa_need(extend, max_new, chunk_limit, swa_host_hit)
+        if total_tokens >= self.rem_total:
+            return False, None, need  # the need is still reported, as the tracer's hook does
         rem_swa = self.rem_swa
         if need < rem_swa:
             return True, chunk_limit, need

@@ -110,6 +110,7 @@ class ReferenceBackend:
         self._active: dict[int, RefReq] = {}
         self._last_retracted = 0
         self._idle_streak = 0
+        self._last_reject: dict[int, tuple] = {}
         self.result = RunResult(settings=s.to_dict(), num_requests=len(self._pending))
         return self
 
@@ -233,7 +234,9 @@ class ReferenceBackend:
                 if not truncated:
                     self.chunked_req = None
         for req in list(self.waiting):
-            if budget.state() != "continue":
+            # only ``other`` stops before the candidate: with ``no_token`` sglang still runs
+            # ``add_one_req``, whose budget check refuses it (and the tracer records the row)
+            if budget.state() == "other":
                 break
             if len(can_run) >= self._allocatable(len(self.running)):
                 self.batch_is_full = True
@@ -274,7 +277,8 @@ class ReferenceBackend:
         ok, chunk_limit, need = budget.check_prefill(extend, total, max_new, req.swa_host_hit, budget.rem_chunk)
         if not ok:
             self._unadmit(req)
-            verdict = Verdict.SWA_WAIT if (s.has_swa and need >= 0) else Verdict.NO_TOKEN
+            # swa_wait: the total budget fit and the SWA budget did not (the tracer hook's rule)
+            verdict = Verdict.SWA_WAIT if (s.has_swa and total < budget.rem_total) else Verdict.NO_TOKEN
             self._emit_admit(req, prefix, extend, req.host_hit, 0, verdict, budget, need)
             return "no_token"
         is_chunked = False
@@ -310,6 +314,15 @@ class ReferenceBackend:
         req.in_model = False
 
     def _emit_admit(self, req, prefix, requested, host_hit, got, verdict, budget, need) -> None:
+        # As the tracer's admission hook on the real code: a request that keeps waiting for the
+        # same outcome (same verdict, prefix and request) gets one row, not one per step.
+        if got:
+            self._last_reject.pop(req.rid, None)
+        else:
+            key = (int(verdict), prefix, requested)
+            if self._last_reject.get(req.rid) == key:
+                return
+            self._last_reject[req.rid] = key
         tracer.sched(int(SchedKind.ADMIT), self.forward_ct, 0, 0, 0, 0, req.rid, prefix, requested, host_hit,
                      requested, got, int(verdict), int(budget.rem_total),
                      int(budget.rem_swa) if self.settings.has_swa else -1, need)
