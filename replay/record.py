@@ -105,6 +105,7 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     import tracer.sglang
 
     installed_here = not tracer.sglang.is_installed()
+    level_before = tracer.sglang.installed_level()  # hooks another caller installed: restored after
     tracer.sglang.install(detail=detail)
     # Offline recording: a stats row at every step where anything changed (a server samples
     # at most every 10 ms of wall time), so the trace is complete and deterministic.
@@ -152,6 +153,8 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         tracer.sglang.configure(**cadence)
         if installed_here:
             tracer.sglang.uninstall()
+        elif tracer.sglang.installed_level() != level_before:
+            tracer.sglang.install(detail=level_before)
     applied = [p.__dict__ for p in PATCHES if getattr(settings, p.setting) == p.value]
     summary = {"trace": str(out), "workload": str(workload), "backend": backend,
                "sglang_version": info.sglang_version, "settings": settings.to_dict(),

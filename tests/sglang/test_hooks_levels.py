@@ -32,13 +32,26 @@ FAMILIES = ("request", "sched", "stats", "pool", "cache")
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     """Trace path per level, all of the same workload."""
+    import tracer.sglang
+    from replay.backends.sglang.env import bootstrap
+
+    bootstrap()  # (sglang imports on CPU need the stand-ins before install() imports them)
     d = tmp_path_factory.mktemp("levels")
     w = write_workload(d / "w", multi_turn_rows(), hash_block_tokens=BLOCK)
     out = {}
-    for level in ("steps", "counts", "pages"):
-        s = record_workload(w, d / level, overrides=SMALL, check_integrity_every=1, detail=level)
-        assert s["hook_failures"] == {}
-        out[level] = d / level
+    # Hooks already installed at counts (as another caller would leave them): each recording
+    # installs its own level and gives the counts hooks back afterwards.
+    mine = not tracer.sglang.is_installed()
+    tracer.sglang.install(detail="counts")
+    try:
+        for level in ("steps", "counts", "pages"):
+            s = record_workload(w, d / level, overrides=SMALL, check_integrity_every=1, detail=level)
+            assert s["hook_failures"] == {}
+            assert tracer.sglang.installed_level() == "counts" and tracer.sglang.is_installed()
+            out[level] = d / level
+    finally:
+        if mine:
+            tracer.sglang.uninstall()
     return out
 
 
@@ -106,8 +119,10 @@ def test_steps_trace_replays_and_passes_strict_inspect(traces, tmp_path):
 
 def test_install_per_level_and_switch():
     import tracer.sglang
+    from replay.backends.sglang.env import bootstrap
     from tracer.sglang import hooks
 
+    bootstrap()
     was = tracer.sglang.is_installed()
     try:
         tracer.sglang.uninstall()

@@ -22,6 +22,7 @@ from tracer.sglang.hooks import (  # noqa: F401
     UnsupportedSglang,
     check_version,
     install,
+    installed_level,
     is_installed,
     patch_count,
     patched,
@@ -40,6 +41,6 @@ def autoload_boot_names() -> frozenset:
     return ns["WATCHED"]
 from tracer.sglang.stats import configure, sample, step  # noqa: F401
 
-__all__ = ["install", "uninstall", "is_installed", "step", "sample", "configure", "failures",
+__all__ = ["install", "uninstall", "is_installed", "installed_level", "step", "sample", "configure", "failures",
            "check_version",
            "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang"]

@@ -113,7 +113,8 @@ class Patcher:
         """Wrap module-level function ``module.<name>`` and its by-name imports in sglang.
 
         Mutates: ``module`` and every ``sys.modules['sglang...']`` whose ``<name>`` is the same
-        original object.
+        original object or a wrapper of it left by an earlier install (a module imported while
+        other hooks were installed, e.g. at another capture level); ``restore`` puts the original.
         """
         orig = module.__dict__.get(name)
         if orig is None or self.is_patched(module, name) or not callable(orig):
@@ -123,7 +124,9 @@ class Patcher:
         for mod in [module] + [m for k, m in list(sys.modules.items())
                                if k.startswith("sglang") and m is not None and m is not module]:
             try:
-                if mod.__dict__.get(name) is orig:
+                f = mod.__dict__.get(name)
+                # (or an earlier install's wrapper of it, bound by a module imported meanwhile)
+                if f is orig or (f is not None and getattr(f, "__wrapped__", None) is orig):
                     setattr(mod, name, wrapper)
                     self._record(mod, name, orig, wrapper)
             except Exception:

@@ -102,6 +102,7 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
     from tracer.sglang import state as hook_state
 
     installed_here = not tracer.sglang.is_installed()
+    level_before = tracer.sglang.installed_level()  # hooks another caller installed: restored after
     tracer.sglang.install(detail=detail)
     cadence = tracer.sglang.configure()
     tracer.sglang.configure(stats_interval_ms=0)  # a stats row at every changed step
@@ -135,6 +136,8 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
         tracer.sglang.configure(**cadence)
         if installed_here:
             tracer.sglang.uninstall()
+        elif tracer.sglang.installed_level() != level_before:
+            tracer.sglang.install(detail=level_before)
     if rec is not None and getattr(rec, "failed", None):
         from replay.errors import DataLostError
 
