@@ -144,8 +144,12 @@ class Recorder:
         self.mark_carry = (np.zeros(1, np.int64), np.full(1, self.now[0], np.int64))
         self._proc = None
         if self.opts.flusher == "process":
-            self.structs = self._start_drain()
-        else:
+            try:
+                self.structs = self._start_drain()
+            except (OSError, RuntimeError) as e:  # no memfd, a file-size limit, no interpreter...
+                log.error("kvtrace: could not start the drain process (%s); using the flusher thread", e)
+                self._abort_drain()
+        if self._proc is None:
             self.structs = {f: StructBuffer(FAMILIES[f], self.opts.buffer_events, ts_in_record=not self._marked(f))
                             for f in STRUCT_FAMILIES}
         self.rows = {f: RowBuffer(FAMILIES[f], self.opts.row_buffer_events) for f in ROW_FAMILIES}
@@ -204,6 +208,13 @@ class Recorder:
             self._close_pipes()
             raise RuntimeError(f"kvtrace: the drain process did not start (exit code {self._proc.poll()})")
         return structs
+
+    def _abort_drain(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        self._close_pipes()
 
     def _close_pipes(self) -> None:
         for name in ("_cmd_fd", "_reply_fd", "_notice_r", "_notice_w"):

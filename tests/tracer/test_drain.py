@@ -138,3 +138,56 @@ def test_server_sigkill_the_drain_converts_what_it_received_and_exits(tmp_path):
     rids = tr.table("pool").column("rid").to_pylist()
     assert len(rids) >= flushed and rids == list(range(len(rids)))
     assert tr.table("pool").column("dur_ns").to_pylist() == [7 * i for i in rids]
+
+
+_FULL_DISK_CHILD = textwrap.dedent("""
+    import resource, signal, sys, tracer
+    from tracer.schema import CacheOp, Pool, PoolOp, RequestEvent
+    rec = tracer.start(sys.argv[1], flusher="process", flush_interval_ms=10)
+    # a full disk for the drain only (EFBIG past 40 kB; the drain ignores SIGXFSZ)
+    resource.prlimit(rec._proc.pid, resource.RLIMIT_FSIZE, (40_000, 40_000))
+    n = 0
+    for k in range(60):
+        for i in range(300):
+            tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 16, 1, 7 * i)
+            tracer.cache(CacheOp.MATCH, i, 16)
+            n += 2
+        tracer.request(RequestEvent.ARRIVAL, k, input_len=100)
+        n += 1
+        tracer.flush()
+    drain = rec._proc
+    tracer.stop()
+    print(n, tracer.is_active(), drain.returncode)
+""")
+
+
+def test_disk_full_in_the_drain_disables_recording_and_counts_every_event(tmp_path):
+    path = tmp_path / "t"
+    p = subprocess.run([sys.executable, "-c", _FULL_DISK_CHILD, str(path)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr  # the server is never broken by its recorder
+    emitted, active, drain_rc = p.stdout.split()
+    assert (active, drain_rc) == ("False", "0")
+    assert p.stderr.count("disabled after a write error") == 1, p.stderr
+    info = json.loads((path / "ranks" / "rank=0.json").read_text())
+    assert info["state"] == "crashed" and "File too large" in info["error"]
+    # every emitted event is written, dropped or counted lost in the rank file
+    assert info["issued"] >= int(emitted) and info["lost"] > 0
+    assert sum(info["events"].values()) + info["dropped"] + info["lost"] == info["issued"]
+
+
+def test_no_shared_memory_falls_back_to_the_flusher_thread(tmp_path):
+    code = textwrap.dedent("""
+        import resource, signal, sys, tracer
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # memfds of 2+ MB refused
+        rec = tracer.start(sys.argv[1], flusher="process", buffer_events=1 << 16)
+        tracer.pool(0, 0, 1, 64, 1, 0)
+        tracer.stop()
+        print(rec._proc)
+    """)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t")], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["None"], p.stderr
+    assert "could not start the drain process" in p.stderr and "using the flusher thread" in p.stderr
+    assert open_trace(tmp_path / "t").rows("pool") == 1
