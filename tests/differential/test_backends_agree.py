@@ -88,7 +88,8 @@ DIVERGENT = {c.name for c in CASES} - {"s3-ps1-w24-full256", "s9-ps16-w32-full40
 
 def _params():
     for c in CASES:
-        marks = [pytest.mark.xfail(strict=True, reason="docs/fidelity.md, Known divergence")] if c.name in DIVERGENT else []
+        known = pytest.mark.xfail(strict=True, reason="docs/fidelity.md, Known divergences")
+        marks = [known] if c.name in DIVERGENT else []
         yield pytest.param(c, id=c.name, marks=marks)
 
 

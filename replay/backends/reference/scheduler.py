@@ -378,7 +378,8 @@ class ReferenceBackend:
 
     def _decode_need(self, reqs) -> int:
         ps = self.settings.page_size
-        return sum(1 for r in reqs if self.model.request(r.rid).seq_tokens % ps == 0) * ps
+        states = self.model.requests.reqs  # read-only lookups, without the checked getter's call
+        return sum(1 for r in reqs if states[r.rid].seq_tokens % ps == 0) * ps
 
     def _check_decode_mem(self, reqs) -> bool:
         need = self._decode_need(reqs)
@@ -415,7 +416,8 @@ class ReferenceBackend:
     def _prepare_decode(self, batch: list[RefReq]) -> None:
         s, model = self.settings, self.model
         if s.has_swa and s.swa_out_of_window_release != "off":
-            get, window, interval = model.request, s.sliding_window_tokens, s.swa_eviction_interval_tokens
+            get = model.requests.reqs.__getitem__
+            window, interval = s.sliding_window_tokens, s.swa_eviction_interval_tokens
             for r in batch:
                 st = get(r.rid)
                 if st.seq_tokens - window < st.swa_evicted_tokens + interval:
@@ -483,7 +485,10 @@ class ReferenceBackend:
         self.model.free_group_begin()
         try:
             for req in batch:
-                self._append_token(req)
+                n = len(req.output_ids)  # _append_token, inlined on the per-token path
+                tok = req.plan[n] if n < len(req.plan) else EOS_TOKEN_ID
+                req.output_ids.append(tok)
+                req.keys.append(tok)
                 if req.finished():
                     self._release(req, checkpoint=True)
                     self._complete(req, "finished")
