@@ -432,8 +432,16 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
         cls._kvtrace_backend = None
     sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
     sched.ipc_channels.send_to_detokenizer.send_output = _discard_output
+    import logging
+
+    # The Scheduler logs every prefill and decode batch at INFO: a replay's progress bar and
+    # summary would drown. Warnings still show; the level is restored after the run.
+    sg_logger = logging.getLogger("sglang")
+    level = sg_logger.level
+    sg_logger.setLevel(max(logging.WARNING, level))
     try:
         yield sched
     finally:
+        sg_logger.setLevel(level)
         with contextlib.suppress(Exception):
             sched.release_host_resources()
