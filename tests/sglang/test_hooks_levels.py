@@ -45,6 +45,7 @@ def traces(tmp_path_factory):
     tracer.sglang.install(detail="counts")
     try:
         for level in ("steps", "counts", "pages"):
+            tracer.sglang.failures.clear()  # (process-wide: only this recording's count)
             s = record_workload(w, d / level, overrides=SMALL, check_integrity_every=1, detail=level)
             assert s["hook_failures"] == {}
             assert tracer.sglang.installed_level() == "counts" and tracer.sglang.is_installed()
