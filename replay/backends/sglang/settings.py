@@ -66,7 +66,7 @@ class SglangSettings:
     schedule_policy: str = "fcfs"
     swa_eviction_interval_tokens: int = 128
     tree_core: str = "auto"
-    scheduler: str = "real"
+    scheduler: str = "mirror"
     max_context_tokens: int = 0
     step_fixed_ns: int = 5_000_000
     step_per_token_ns: int = 20_000
