@@ -119,7 +119,8 @@ BUNDLED_CASES = {
 
 
 def test_every_bundled_workload_has_a_case():
-    assert sorted(BUNDLED_CASES) == BUNDLED
+    # production_1h is git-ignored (``make data``): its case runs where it exists
+    assert set(BUNDLED) <= set(BUNDLED_CASES) and set(BUNDLED_CASES) - set(BUNDLED) <= {"production_1h"}
 
 
 @pytest.mark.parametrize("name", BUNDLED)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tracer.schema import SCHEMA_VERSION
+
 import json
 
 import pyarrow as pa
@@ -34,7 +36,7 @@ def test_unknown_major_version_is_refused(tmp_path):
     with pytest.raises(TraceError) as e:
         open_trace(tmp_path / "t", strict=False)
     assert str(e.value) == (f"{tmp_path}/t/manifest.json: schema_version 2.0 is not supported; "
-                            f"this kvtrace reads major version 1 (schema 1.0)")
+                            f"this kvtrace reads major version 1 (schema {SCHEMA_VERSION})")
 
 
 def test_minor_version_is_accepted(tmp_path):
