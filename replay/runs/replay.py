@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +97,11 @@ def read_summary(run_dir: str | Path) -> RunSummary:
         raise RunError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise RunError(f"{path}: expected a JSON object")
+    required = [f.name for f in fields(RunSummary) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise RunError(f"{path}: not a kvtrace run summary (missing {', '.join(missing[:5])}"
+                       f"{', ...' if len(missing) > 5 else ''}); expected the summary.json of kvtrace replay")
     return RunSummary.from_dict(data)
 
 

@@ -130,3 +130,13 @@ def test_ray_executor_writes_the_same_layout(small_workload, tmp_path):
     assert set(df["status"]) == {"ok"}, df.select("run", "error").to_dicts()
     assert sorted(str(p.relative_to(out).parent) for p in out.rglob("summary.json")) == [
         "policy=swa-fixes/max_running_requests=2", "policy=swa-fixes/max_running_requests=4"]
+
+
+def test_compare_refuses_a_foreign_summary_json(tmp_path):
+    from replay.cli import main
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "summary.json").write_text('{"hello": 1}')
+    r = CliRunner().invoke(main, ["compare", str(tmp_path)])
+    assert r.exit_code == 2 and "not a kvtrace run summary (missing requests" in r.output, r.output
+    assert "Traceback" not in r.output
