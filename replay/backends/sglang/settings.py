@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from replay import knobs
+from replay.backends.settings import BackendSettings
 
 #: Allowed values of the enumerated settings (from the knob table).
 CHOICES: dict[str, tuple[str, ...]] = {k.name: k.values for k in knobs.KNOBS if k.values}
@@ -25,11 +26,13 @@ _NEVER_TOKENS = 1 << 40
 
 
 @dataclass(frozen=True)
-class SglangSettings:
+class SglangSettings(BackendSettings):
     """Configuration of one real-code backend run.
 
     Every field is a knob of :mod:`replay.knobs` (``kvtrace policies`` lists them with help and
-    the upstream change each stands for). How each reaches the real code:
+    the upstream change each stands for): the knobs both backends take
+    (:class:`replay.backends.settings.BackendSettings`) plus ``scheduler``. How each reaches the
+    real code:
 
     - ``swa_lru_refresh=full_ancestry``: patch (pre-#26615), Python tree core (``tree_core=auto``
       picks it);
@@ -45,54 +48,14 @@ class SglangSettings:
     - ``step_fixed_ns`` / ``step_per_token_ns``: the virtual clock's step-cost model.
     """
 
-    swa_lru_refresh: str = "window_aware"
-    swa_admission: str = "shrink_never_fits"
-    host_free: str = "lazy_merge"
-    swa_out_of_window_release: str = "decode_and_unfinished_insert"
-    swa_release_boundary: str = "max_window_page"
-    prefix_ownership: str = "radix_protected_floor"
-    eviction_policy: str = "lru"
-    device_free: str = "prepend"
-    page_size: int = 16
-    sliding_window_tokens: int = 128
-    full_pool_tokens: int = 262144
-    swa_pool_tokens: int = 0
-    swa_full_tokens_ratio: float = 0.25
-    chunked_prefill_size: int = 8192
-    max_prefill_tokens: int = 16384
-    max_running_requests: int = 64
-    host_pool_tokens: int = 0
-    hicache_write_policy: str = "write_through"
-    schedule_policy: str = "fcfs"
-    swa_eviction_interval_tokens: int = 128
-    tree_core: str = "auto"
-    scheduler: str = "mirror"
-    max_context_tokens: int = 0
-    step_fixed_ns: int = 5_000_000
-    step_per_token_ns: int = 20_000
+    BACKEND = "sglang"
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            k = knobs.knob(f.name)
-            try:
-                k.parse(getattr(self, f.name))
-            except knobs.KnobError as e:
-                raise ValueError(str(e)) from None
-        knobs.check_backend({f.name: getattr(self, f.name) for f in fields(self)}, "sglang")
-        if self.full_pool_tokens % self.page_size:
-            raise ValueError(f"full_pool_tokens={self.full_pool_tokens} is not a multiple of "
-                             f"page_size={self.page_size}")
-        if self.has_swa and self.swa_tokens < 2 * self.page_size:
-            raise ValueError(f"SWA pool of {self.swa_tokens} tokens is too small for page_size "
-                             f"{self.page_size}")
-        if self.has_swa and self.sliding_window_tokens >= self.swa_tokens:
-            raise ValueError(f"sliding_window_tokens={self.sliding_window_tokens} does not fit the SWA pool "
-                             f"of {self.swa_tokens} tokens; expected a window below the pool size")
+    scheduler: str = "mirror"
+
+    def _check_backend(self) -> None:
         if self.swa_lru_refresh == "full_ancestry" and self.resolved_tree_core != "python":
             raise ValueError("swa_lru_refresh=full_ancestry patches the Python tree core; "
                              "set tree_core=python (or auto)")
-        if self.host_pool_tokens and self.host_pool_tokens < self.page_size:
-            raise ValueError(f"host_pool_tokens={self.host_pool_tokens} is below one page")
 
     @property
     def resolved_tree_core(self) -> str:
@@ -105,22 +68,6 @@ class SglangSettings:
     def need_sort(self) -> bool:
         """The device allocators' ``need_sort`` (``device_free=sorted_merge``)."""
         return self.device_free == "sorted_merge"
-
-    @property
-    def has_swa(self) -> bool:
-        return self.sliding_window_tokens > 0
-
-    @property
-    def has_hicache(self) -> bool:
-        return self.host_pool_tokens > 0
-
-    @property
-    def swa_tokens(self) -> int:
-        """Resolved SWA pool size (page-aligned), 0 without SWA."""
-        if not self.has_swa:
-            return 0
-        raw = self.swa_pool_tokens or int(self.full_pool_tokens * self.swa_full_tokens_ratio)
-        return (raw // self.page_size) * self.page_size
 
     def env(self) -> dict[str, str]:
         """``SGLANG_*`` environment switches this run sets while it runs."""
@@ -135,30 +82,8 @@ class SglangSettings:
 
     def server(self, *, sglang_version: str = "") -> dict:
         """Manifest ``server`` block (``tracer.schema.SERVER_KEYS``)."""
-        return {
-            "page_size": self.page_size,
-            "sliding_window_tokens": self.sliding_window_tokens,
-            "full_pool_tokens": self.full_pool_tokens,
-            "swa_pool_tokens": self.swa_tokens,
-            "swa_full_tokens_ratio": self.swa_full_tokens_ratio,
-            "chunked_prefill_size": self.chunked_prefill_size,
-            "cache_kind": "unified_radix",
-            "host_pool_tokens": self.host_pool_tokens,
-            "hicache_write_policy": self.hicache_write_policy if self.has_hicache else "",
-            "max_prefill_tokens": self.max_prefill_tokens,
-            "max_running_requests": self.max_running_requests,
-            "eviction_policy": self.eviction_policy,
-            "schedule_policy": self.schedule_policy,
-            "model": "kvtrace-sglang-backend",
-            "sglang_version": sglang_version,
-        }
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def setting_names() -> list[str]:
-    return [f.name for f in fields(SglangSettings)]
+        return self.server_block(cache_kind="unified_radix", model="kvtrace-sglang-backend",
+                                 sglang_version=sglang_version)
 
 
 def parse_overrides(items: typing.Iterable[str], base: SglangSettings | None = None) -> SglangSettings:
@@ -170,14 +95,9 @@ def parse_overrides(items: typing.Iterable[str], base: SglangSettings | None = N
     return dataclasses.replace(base or SglangSettings(), **knobs.parse_sets(items))
 
 
-def from_knobs(values: dict[str, object]) -> SglangSettings:
-    """Settings from resolved knob values (:func:`replay.knobs.resolve`)."""
-    names = {f.name for f in fields(SglangSettings)}
-    return SglangSettings(**{k: v for k, v in values.items() if k in names})
-
-
-def setting_names() -> list[str]:
-    return [f.name for f in fields(SglangSettings)]
-
+#: Settings from resolved knob values (:func:`replay.knobs.resolve`).
+from_knobs = SglangSettings.from_knobs
+#: The knob names the real backend takes, in field order.
+setting_names = SglangSettings.setting_names
 
 __all__ = ["CHOICES", "SglangSettings", "from_knobs", "parse_overrides", "setting_names"]
