@@ -29,6 +29,8 @@ from tracer.schema import CacheOp, Mode, Pool, RequestEvent, SchedKind, Verdict
 EOS_TOKEN_ID = 0
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000
+_WAITING_PREFIX_REFRESH_INTERVAL = 32  # sglang schedule_policy constants
+_WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 _POOLS = (("full", Pool.FULL), ("swa", Pool.SWA), ("host_full", Pool.HOST_FULL), ("host_swa", Pool.HOST_SWA))
 
 
@@ -39,11 +41,11 @@ class RefReq:
                  "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
                  "retracted", "first_prefix")
 
-    def __init__(self, wreq, prompt, plan: list[int], ps: int) -> None:
+    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int) -> None:
         self.wreq = wreq
         self.rid = int(wreq.rid)
         self.input_len = int(wreq.input_len)
-        self.max_new_tokens = int(wreq.max_new_tokens)
+        self.max_new_tokens = max_new_tokens
         self.plan = plan
         self.output_ids: list[int] = []
         self.keys = PageKeys(prompt, ps)
@@ -111,6 +113,9 @@ class ReferenceBackend:
         self._last_retracted = 0
         self._idle_streak = 0
         self._last_reject: dict[int, tuple] = {}
+        self._prefix_refresh_calls = 0
+        max_ctx = s.max_context_tokens or (self.workload.max_seq_tokens + 1)
+        self._max_req_len = ceil_page(max_ctx, s.page_size) + s.page_size - 1  # the request row width - 1
         self.result = RunResult(settings=s.to_dict(), num_requests=len(self._pending))
         return self
 
@@ -168,7 +173,8 @@ class ReferenceBackend:
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
             prompt = self._synth._sequence(wreq, wreq.input_len)
-            req = RefReq(wreq, prompt, self._synth.output_ids(wreq), s.page_size)
+            req = RefReq(wreq, prompt, self._synth.output_ids(wreq), s.page_size,
+                         self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)))
             self._active[req.rid] = req
             tracer.request(int(RequestEvent.ARRIVAL), req.rid, int(wreq.session_id), int(wreq.turn),
                            req.input_len, int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid),
@@ -177,6 +183,14 @@ class ReferenceBackend:
                 self._complete(req, "too_long")
             else:
                 self.waiting.append(req)
+
+    def _max_new_tokens(self, input_len: int, max_new_tokens: int) -> int:
+        """sglang ``Scheduler.init_req_max_new_tokens``: ``max_new_tokens`` clipped to the request
+        row (``max_req_len - input_len - 1``) and to what the empty full pool holds beside the
+        prompt (the base allocator's ``max_new_tokens_for_memory``; the SWA allocator keeps it)."""
+        s = self.settings
+        n = max(0, min(max_new_tokens, self._max_req_len - input_len - 1))
+        return max(0, min(n, s.full_pool_tokens - ceil_page(input_len, s.page_size) - s.page_size - 1))
 
     # ---------------------------------------------------------------- batch selection
     def _next_batch(self):
@@ -213,6 +227,7 @@ class ReferenceBackend:
         if self._allocatable(len(self.running)) <= 0 and self.chunked_req is None:
             self.batch_is_full = True
             return None
+        self._touch_waiting_prefixes()
         budget = PrefillBudget(self.model, s, self.running, self.ratio.current)
         can_run: list[RefReq] = []
         extends: dict[int, int] = {}
@@ -259,6 +274,19 @@ class ReferenceBackend:
             self.chunked_req.inflight_chunks += 1
         self._alloc_extend(can_run, extends)
         return can_run
+
+    def _touch_waiting_prefixes(self) -> None:
+        """``SchedulePolicy.calc_priority`` under fcfs (``_touch_waiting_prefixes``): every
+        ``WAITING_PREFIX_REFRESH_INTERVAL``-th call with requests waiting, a tree walk of the first
+        ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests' whole token sequences, head last (it
+        splits nodes and refreshes recency as a match does; the requests keep their state)."""
+        if not self.waiting or self.settings.eviction_policy != "lru":
+            return
+        refresh = self._prefix_refresh_calls % _WAITING_PREFIX_REFRESH_INTERVAL == 0
+        self._prefix_refresh_calls += 1
+        if refresh:
+            for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]):
+                self.model.match(req.keys.up_to(req.fill_len))
 
     def _add_one_req(self, req: RefReq, budget: PrefillBudget, can_run: list, extends: dict) -> str:
         """sglang ``init_next_round_input`` + ``add_one_req``: match, budget checks, lock."""
