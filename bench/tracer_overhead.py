@@ -9,17 +9,22 @@ Rows:
 - the tracer counted the same way (emits + background flush, process CPU per event);
 - flush throughput (swap + Arrow + IPC write, and Parquet compaction), bytes/event on disk for
   the ``pool`` family of a realistic stream, and the longest stall of an emitting thread while
-  the flusher flushes and rotates, over ``--stall-trials`` trials: ``max_stall_ms`` is the
-  longest gap of any trial less the time the OS kept the thread waiting for a CPU inside that
-  gap (run-queue delay, ``/proc/thread-self/schedstat``): the wait the tracer can cause (the GIL
-  held by the flusher, its own work). ``max_gap_ms_raw`` is the longest gap as measured, OS
-  delays included; ``max_stall_ms_trials`` each trial's maximum; ``max_gap_ms_baseline`` the
-  longest gap of the same loop with the recorder stopped (what this machine does alone).
+  the flusher flushes and rotates, over ``--stall-trials`` trials (see ``bench/stall_probe.py``):
+  ``max_stall_ms`` is the longest gap of any trial less the time the OS kept the thread waiting
+  for a CPU inside that gap (run-queue delay); ``max_blocked_ms`` the longest such stall in which
+  the thread blocked (a GIL wait: what a flusher thread causes); ``max_gap_ms_raw`` the longest
+  gap as measured; ``max_gap_ms_baseline``/``max_stall_ms_baseline`` the same loop with the
+  recorder stopped (what this machine does alone).
 
 ``--contended`` runs two CPU-bound competitor processes (``while True: pass``) for the whole
-benchmark, as a server's scheduler shares its cores with tokenizers, detokenizers and other ranks;
-``--flusher`` picks the recorder's flusher ("process": the drain process of ``tracer.drain``;
-"thread": the in-process flusher thread); ``--stall-only`` measures only the stall trials.
+benchmark, as a server's scheduler shares its cores with tokenizers, detokenizers and other
+ranks, and compares side by side: the emit cost with each flusher (wall and thread-CPU ns), and
+rounds of stall trials with the recorder off, the flusher thread and the drain process
+(``stall_probe.compare_stalls``), with the load average before and after. Its headline
+``max_stall_ms`` is the stall the ``--flusher`` adds: ``<flusher>_max_blocked_ms``.
+``--flusher`` picks the recorder's flusher otherwise ("process": the drain process of
+``tracer.drain``; "thread": the in-process flusher thread); ``--stall-only`` measures only the
+stall trials.
 
 Usage: python bench/tracer_overhead.py [--json] [--events N] [--stall-trials K] [--stall-seconds S]
        [--contended] [--flusher process|thread] [--stall-only]
@@ -34,7 +39,6 @@ import os
 import queue
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,9 +49,12 @@ import numpy as np
 
 import tracer
 from tracer.recorder import RecorderOptions
-
-FLUSHER = [RecorderOptions.flusher]  # set by --flusher; passed to every tracer.start here
 from tracer.schema import Pool, PoolOp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stall_probe import bench_stall, compare_stalls, start_competitors, stop_competitors  # noqa: E402
+
+FLUSHER = [RecorderOptions().flusher]  # set by --flusher; passed to every tracer.start here
 
 _CALLS = {
     "pool": "tracer.pool(0, 0, i, 64, 1, 0)",
@@ -59,11 +66,13 @@ _CALLS = {
 }
 
 
-def _loop_ns(body: str, n: int, repeats: int, env: dict | None = None) -> float:
+def _loop_ns(body: str, n: int, repeats: int, env: dict | None = None, clock=time.perf_counter_ns) -> float:
     """Median ns per iteration of ``for i in range(n): body`` (compiled inline). Buffers are
-    flushed between runs, outside the timed loop, so a run never overflows into drops."""
+    flushed between runs, outside the timed loop, so a run never overflows into drops.
+    ``clock``: ``time.thread_time_ns`` counts only this thread's CPU time (a contended machine
+    deschedules the loop; wall time would count the waits)."""
     src = f"def f(n):\n    t0 = pc()\n    for i in range(n):\n        {body}\n    return pc() - t0\n"
-    ns = {"tracer": tracer, "pc": time.perf_counter_ns, **(env or {})}
+    ns = {"tracer": tracer, "pc": clock, **(env or {})}
     exec(src, ns)
     ns["f"](min(n, 10_000))  # warm-up
     runs = []
@@ -88,6 +97,22 @@ def bench_emits(tmp: Path, n: int, repeats: int) -> dict:
     tracer.stop()
     if rec.drops.total:
         raise RuntimeError(f"emit timing: {rec.drops.total} events dropped; the figures would be wrong")
+    return out
+
+
+def bench_emit_flushers(tmp: Path, n: int, repeats: int) -> dict:
+    """``pool`` and ``cache`` emit ns with each flusher, wall and thread-CPU, side by side."""
+    out = {"emit_ns_disabled": _loop_ns(_CALLS["pool"], n, repeats),
+           "emit_cpu_ns_disabled": _loop_ns(_CALLS["pool"], n, repeats, clock=time.thread_time_ns)}
+    for flusher in ("thread", "process"):
+        rec = tracer.start(flusher=flusher, out_dir=tmp / f"emit-{flusher}", buffer_events=max(n + 10_000, 1 << 16),
+                           flush_interval_ms=60_000, poll_interval_ms=60_000)
+        for name in ("pool", "cache"):
+            out[f"{flusher}_emit_ns_{name}"] = _loop_ns(_CALLS[name], n, repeats)
+            out[f"{flusher}_emit_cpu_ns_{name}"] = _loop_ns(_CALLS[name], n, repeats, clock=time.thread_time_ns)
+        tracer.stop()
+        if rec.drops.total:
+            raise RuntimeError(f"emit timing: {rec.drops.total} events dropped; the figures would be wrong")
     return out
 
 
@@ -257,109 +282,6 @@ def bench_flush_and_bytes(tmp: Path, n: int) -> dict:
     }
 
 
-def _busy_ticks() -> int:
-    """Busy CPU ticks of the whole machine (all CPUs) since boot, from /proc/stat (0 elsewhere)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v) - v[3] - v[4]  # minus idle and iowait
-    except OSError:
-        return 0
-
-
-class _RunDelay:
-    """This thread's run-queue delay in ns (time runnable but not on a CPU), from
-    ``/proc/thread-self/schedstat``; 0 where that file does not exist."""
-
-    def __init__(self):
-        try:
-            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
-        except OSError:
-            self.fd = None
-
-    def __call__(self) -> int:
-        return int(os.pread(self.fd, 64, 0).split()[1]) if self.fd is not None else 0
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-
-
-def _gap_loop(pool, seconds: float) -> tuple[int, int, int]:
-    """Emit ``pool`` rows in 100-emit chunks for ``seconds``; returns (longest gap between chunks
-    less the run-queue delay inside it, longest raw gap, events), ns."""
-    pc, run_delay = time.perf_counter_ns, _RunDelay()
-    worst = worst_raw = i = 0
-    end = pc() + int(seconds * 1e9)
-    last, last_rd = pc(), run_delay()
-    try:
-        while last < end:
-            for _ in range(100):
-                pool(0, 0, i, 64, 1, 0)
-                i += 1
-            now, rd = pc(), run_delay()
-            gap = now - last
-            worst_raw = max(worst_raw, gap)
-            worst = max(worst, gap - (rd - last_rd))
-            last, last_rd = now, rd
-    finally:
-        run_delay.close()
-    return worst, worst_raw, i
-
-
-def _stall_trial(tmp: Path, seconds: float) -> tuple[float, float, int, int]:
-    """One trial: a thread emitting in a tight loop while the flusher flushes every 50 ms and
-    rotates segments every ~2 MB (each rotation converts IPC -> Parquet in the flusher thread).
-    Returns (stall ms less OS run-queue delay, raw gap ms, events, drops)."""
-    rec = tracer.start(tmp, flusher=FLUSHER[0], buffer_events=1 << 20, flush_interval_ms=50, poll_interval_ms=10,
-                       segment_max_bytes=2 << 20)
-    try:
-        worst, worst_raw, n = _gap_loop(tracer.pool, seconds)
-    finally:
-        tracer.stop()
-    return worst / 1e6, worst_raw / 1e6, n, rec.drops.total
-
-
-def bench_stall(tmp: Path, seconds: float, trials: int) -> dict:
-    """``trials`` stall trials, each followed by a baseline trial of the same loop with the
-    recorder stopped. ``stall_other_cpu_s``: CPU time other processes used meanwhile (0 on a
-    quiet machine); ``stall_drop_frac``: share of the tight loop's events that the flusher,
-    starved of the GIL, had to drop (counted in ``drops`` rows, as designed)."""
-    maxima, raws, base, base_stall, events, drops = [], [], [], [], 0, 0
-    busy0, t0 = _busy_ticks(), os.times()
-    for k in range(trials):
-        gc.collect()
-        m, raw, n, d = _stall_trial(tmp / f"stall{k}", seconds)
-        maxima.append(m)
-        raws.append(raw)
-        events, drops = events + n, drops + d
-        b_stall, b_raw, _n = _gap_loop(tracer.pool, seconds / 2)  # recorder stopped: no-op emits
-        base.append(b_raw / 1e6)
-        base_stall.append(b_stall / 1e6)
-    busy, t1 = _busy_ticks() - busy0, os.times()
-    mine = sum(t1[:4]) - sum(t0[:4])  # user, system, children user, children system (seconds)
-    return {"max_stall_ms": max(maxima), "max_stall_ms_trials": [round(m, 3) for m in maxima],
-            "max_gap_ms_raw": max(raws), "max_gap_ms_raw_trials": [round(m, 3) for m in raws],
-            "max_gap_ms_baseline": max(base),
-            # the same correction with the recorder stopped: what the machine alone does to the
-            # loop beyond run-queue delay (hypervisor steal, interrupts, memory pressure)
-            "max_stall_ms_baseline": max(base_stall),
-            "max_stall_ms_baseline_trials": [round(m, 3) for m in base_stall],
-            "stall_drop_frac": drops / max(events, 1),
-            "stall_other_cpu_s": max(busy / os.sysconf("SC_CLK_TCK") - mine, 0.0)}
-
-
-def start_competitors(n: int = 2) -> list[subprocess.Popen]:
-    """``n`` CPU-bound processes (a Python busy loop each) competing for the cores."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-
-
-def stop_competitors(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -369,28 +291,35 @@ def main() -> None:
     ap.add_argument("--stall-trials", type=int, default=5)
     ap.add_argument("--contended", action="store_true",
                     help="run two CPU-bound competitor processes during the benchmark")
-    ap.add_argument("--flusher", choices=("process", "thread"), default=RecorderOptions.flusher,
+    ap.add_argument("--flusher", choices=("process", "thread"), default=RecorderOptions().flusher,
                     help="recorder flusher (default: RecorderOptions' default)")
     ap.add_argument("--stall-only", action="store_true", help="only the stall trials")
     args = ap.parse_args()
     FLUSHER[0] = args.flusher
     tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
+    r = {"flusher": args.flusher, "cpus": os.cpu_count(), "loadavg_1m_start": os.getloadavg()[0]}
     competitors = start_competitors(2) if args.contended else []
-    r = {"flusher": args.flusher, "competitors": len(competitors), "cpus": os.cpu_count()}
+    r["competitors"] = len(competitors)
     try:
-        if args.stall_only:
-            r.update(bench_stall(tmp, args.stall_seconds, args.stall_trials))
-            return _report(r, args.json)
-        r.update(bench_emits(tmp, args.events, args.repeats))
-        r["publisher_ns"] = bench_publisher(args.events)
-        r["tracer_total_ns_pool"] = bench_tracer_total(tmp, args.events)
-        r["ratio_publisher_over_emit"] = r["publisher_ns"] / r["emit_ns_pool"]
-        r["ratio_publisher_over_tracer_total"] = r["publisher_ns"] / r["tracer_total_ns_pool"]
-        r.update(bench_flush_and_bytes(tmp, 1_000_000))
-        r.update(bench_stall(tmp, args.stall_seconds, args.stall_trials))
+        if args.contended:
+            if not args.stall_only:
+                r.update(bench_emit_flushers(tmp, args.events, args.repeats))
+            r.update(compare_stalls(tmp, args.stall_seconds, args.stall_trials))
+            r["max_stall_ms"] = r[f"{args.flusher}_max_blocked_ms"]  # the stall this flusher adds
+        elif args.stall_only:
+            r.update(bench_stall(tmp, args.stall_seconds, args.stall_trials, args.flusher))
+        else:
+            r.update(bench_emits(tmp, args.events, args.repeats))
+            r["publisher_ns"] = bench_publisher(args.events)
+            r["tracer_total_ns_pool"] = bench_tracer_total(tmp, args.events)
+            r["ratio_publisher_over_emit"] = r["publisher_ns"] / r["emit_ns_pool"]
+            r["ratio_publisher_over_tracer_total"] = r["publisher_ns"] / r["tracer_total_ns_pool"]
+            r.update(bench_flush_and_bytes(tmp, 1_000_000))
+            r.update(bench_stall(tmp, args.stall_seconds, args.stall_trials, args.flusher))
     finally:
         stop_competitors(competitors)
         shutil.rmtree(tmp, ignore_errors=True)
+    r["loadavg_1m_end"] = os.getloadavg()[0]
     _report(r, args.json)
 
 
@@ -401,7 +330,10 @@ def _report(r: dict, as_json: bool) -> None:
         return
     targets = {"emit_ns_pool": "<= 250", "emit_ns_cache": "<= 250", "emit_ns_disabled": "<= 60",
                "ratio_publisher_over_emit": ">= 2.5", "bytes_per_event_pool": "<= 10",
-               "flush_events_per_s": ">= 2e6", "max_stall_ms": "<= 5"}
+               "flush_events_per_s": ">= 2e6", "max_stall_ms": "<= 5",
+               "thread_emit_ns_pool": "<= 250", "process_emit_ns_pool": "<= 250",
+               "thread_emit_ns_cache": "<= 250", "process_emit_ns_cache": "<= 250",
+               "process_max_blocked_ms": "<= 5", "thread_max_blocked_ms": "<= 5"}
     print(f"{'figure':<34} {'value':>16}  target")
     for k, v in r.items():
         if isinstance(v, str):
