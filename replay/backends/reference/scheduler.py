@@ -39,7 +39,7 @@ class RefReq:
 
     __slots__ = ("wreq", "rid", "input_len", "max_new_tokens", "plan", "output_ids", "keys", "prefix_len",
                  "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
-                 "retracted", "first_prefix")
+                 "retracted", "first_prefix", "decode_batch_idx")
 
     def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int) -> None:
         self.wreq = wreq
@@ -57,6 +57,7 @@ class RefReq:
         self.inflight_chunks = 0
         self.retracted = False
         self.first_prefix = -1
+        self.decode_batch_idx = 0  # decode steps since (re)admission (sglang ``Req.decode_batch_idx``)
 
     @property
     def fill_len(self) -> int:
@@ -244,10 +245,13 @@ class ReferenceBackend:
                 can_run.append(req)
                 extends[req.rid] = n
                 budget.reserve(n, 0 if truncated else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS), budget.rem_chunk)
-                self._emit_admit(req, req.prefix_len, n, n, n, Verdict.CHUNKED if truncated else Verdict.ADMITTED,
-                                 budget, -1)
+                self._emit_admit(req, req.prefix_len, remaining, 0, n,
+                                 Verdict.CHUNKED if truncated else Verdict.ADMITTED, budget, -1)
                 if not truncated:
                     self.chunked_req = None
+            else:
+                self._emit_admit(req, req.prefix_len, req.fill_len - req.prefix_len, 0, 0, Verdict.NO_TOKEN, budget,
+                                 -1, ("", True))
         for req in list(self.waiting):
             # only ``other`` stops before the candidate: with ``no_token`` sglang still runs
             # ``add_one_req``, whose budget check refuses it (and the tracer records the row)
@@ -307,7 +311,7 @@ class ReferenceBackend:
             self._unadmit(req)
             # swa_wait: the total budget fit and the SWA budget did not (the tracer hook's rule)
             verdict = Verdict.SWA_WAIT if (s.has_swa and total < budget.rem_total) else Verdict.NO_TOKEN
-            self._emit_admit(req, prefix, extend, req.host_hit, 0, verdict, budget, need)
+            self._emit_admit(req, req.prefix_len, extend, req.host_hit, 0, verdict, budget, need, ("NO_TOKEN", False))
             return "no_token"
         is_chunked = False
         if chunk_limit is not None and ceil_page(extend, ps) > chunk_limit:
@@ -315,9 +319,11 @@ class ReferenceBackend:
             extend = (prefix + cut) // ps * ps - prefix
             if extend <= 0:
                 self._unadmit(req)
-                self._emit_admit(req, prefix, req.fill_len - prefix, req.host_hit, 0, Verdict.OTHER, budget, need)
+                self._emit_admit(req, req.prefix_len, req.fill_len - prefix, req.host_hit, 0, Verdict.OTHER, budget,
+                                 need, ("OTHER", True))
                 return "other"
             is_chunked, max_new = True, 0
+        device_prefix, requested = req.prefix_len, req.fill_len - prefix
         if req.host_hit or req.swa_host_hit:
             loaded = model.load_back(req.rid)
             if loaded:
@@ -331,23 +337,26 @@ class ReferenceBackend:
             req.cached_tokens = req.prefix_len
         can_run.append(req)
         extends[req.rid] = extend
-        budget.reserve(extend, max_new, budget.rem_chunk)
+        # ``_select_prefill_admission`` reserves the whole clipped ``max_new_tokens`` (not what is
+        # left of it after a retraction), 0 for a chunk
+        budget.reserve(extend, 0 if is_chunked else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS), budget.rem_chunk)
         verdict = Verdict.SHRUNK if shrunk else (Verdict.CHUNKED if is_chunked else Verdict.ADMITTED)
-        self._emit_admit(req, req.prefix_len, req.fill_len - req.prefix_len, req.host_hit, extend, verdict, budget,
-                         need)
+        self._emit_admit(req, device_prefix, requested, req.host_hit, extend, verdict, budget, need)
         return "chunked" if is_chunked else budget.state()
 
     def _unadmit(self, req: RefReq) -> None:
         self.model.release(req.rid, checkpoint=False)
         req.in_model = False
 
-    def _emit_admit(self, req, prefix, requested, host_hit, got, verdict, budget, need) -> None:
-        # As the tracer's admission hook on the real code: a request that keeps waiting for the
-        # same outcome (same verdict, prefix and request) gets one row, not one per step.
+    def _emit_admit(self, req, prefix, requested, host_hit, got, verdict, budget, need, outcome=None) -> None:
+        # As the tracer's admission hook on the real code: ``prefix`` is the device prefix before
+        # any load-back; a request that keeps waiting for the same outcome (``outcome``: the
+        # ``AddReqResult`` name and the budget check's answer; same prefix and request) gets one
+        # row, not one per step, whatever the verdict (``no_token`` / ``swa_wait``) of the repeat.
         if got:
             self._last_reject.pop(req.rid, None)
         else:
-            key = (int(verdict), prefix, requested)
+            key = (outcome, prefix, requested)
             if self._last_reject.get(req.rid) == key:
                 return
             self._last_reject[req.rid] = key
@@ -425,21 +434,27 @@ class ReferenceBackend:
                 break
             first = False
             req = batch[keep.pop()]
-            tracer.sched(int(SchedKind.RETRACT), self.forward_ct, 0, 0, 0, 0, req.rid, req.prefix_len,
-                         max(0, self.model.request(req.rid).seq_tokens - req.prefix_len))
+            self._emit_retract(req)
             self._release(req, checkpoint=False)
             # ``release_req``: use the freed memory at once, evicting for the requests still kept
             # (``remaining * SGLANG_RETRACT_DECODE_STEPS`` tokens, both pools).
             need = len(keep) * NewTokenRatio.RETRACT_DECODE_STEPS
             self._evict(need, need if self.settings.has_swa else 0)
             req.retracted = True
-            req.prefix_len = req.extend_end = 0
+            req.prefix_len = req.extend_end = req.decode_batch_idx = 0
             retracted.append(req)
         if len(keep) <= 1 and not self._check_decode_mem([batch[i] for i in keep]):
-            aborted.append(batch[keep.pop()])
+            # the last request is aborted through the same ``release_req`` (a retract row)
+            req = batch[keep.pop()]
+            self._emit_retract(req)
+            aborted.append(req)
         kept = set(keep)
         self.running = [r for i, r in enumerate(batch) if i in kept]
         return retracted, aborted
+
+    def _emit_retract(self, req: RefReq) -> None:
+        tracer.sched(int(SchedKind.RETRACT), self.forward_ct, 0, 0, 0, 0, req.rid, req.prefix_len,
+                     max(0, self.model.request(req.rid).seq_tokens - req.prefix_len))
 
     def _prepare_decode(self, batch: list[RefReq]) -> None:
         s, model = self.settings, self.model
@@ -447,6 +462,8 @@ class ReferenceBackend:
             get = model.requests.reqs.__getitem__
             window, interval = s.sliding_window_tokens, s.swa_eviction_interval_tokens
             for r in batch:
+                if r.decode_batch_idx < 1:
+                    continue  # ``maybe_evict_swa`` skips a request's first decode after its prefill
                 st = get(r.rid)
                 if st.seq_tokens - window < st.swa_evicted_tokens + interval:
                     continue  # release_out_of_window's own early exit, without the call chain
@@ -460,6 +477,8 @@ class ReferenceBackend:
         if not model.alloc_decode([r.rid for r in batch]):
             raise RuntimeError(f"reference backend: step {self.forward_ct}: decode allocation failed after "
                                f"the decode-memory check; occupancy={self._occ_text()}")
+        for r in batch:
+            r.decode_batch_idx += 1
 
     # ---------------------------------------------------------------- forward + results
     def _charge(self, num_tokens: int) -> int:
