@@ -59,7 +59,7 @@ def write_launch_manifest(out: Path, argv: list[str], *, detail: str, flush_ms: 
                           hash_block_tokens: int) -> dict:
     """Create the trace manifest (first writer wins) with the server config parsed from argv."""
     from tracer.schema import manifest
-    from tracer.sglang import serverinfo
+    from tracer.sglang.activation import serverinfo
 
     server = serverinfo.from_argv(argv)
     m = manifest.new_manifest(

@@ -1,5 +1,5 @@
 """``kvtrace launch`` and ``kvtrace hooks``: thin wrappers over :mod:`replay.launch` and
-:mod:`tracer.sglang.autoload`."""
+:mod:`tracer.sglang.activation.autoload`."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
     _check_command(cmd)
     replace_dir(out, "--out", force)  # --force replaces only a kvtrace trace, never other files
     out = out.resolve()
-    from tracer.sglang import autoload
+    from tracer.sglang.activation import autoload
 
     write_launch_manifest(out, cmd, detail=detail, flush_ms=flush_ms,
                           hash_block_tokens=hash_block_tokens)
@@ -104,7 +104,7 @@ def install_pth_cmd(site_dir: Path | None) -> None:
 
     Without KVTRACE_DIR the .pth costs one environment lookup at interpreter start-up.
     """
-    from tracer.sglang import autoload
+    from tracer.sglang.activation import autoload
 
     if site_dir is not None and not site_dir.is_dir():
         raise KvtraceError(f"--site-dir {site_dir}: no such directory; expected an existing "
@@ -117,7 +117,7 @@ def install_pth_cmd(site_dir: Path | None) -> None:
 @click.option("--site-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def uninstall_pth_cmd(site_dir: Path | None) -> None:
     """Remove the autoload .pth file."""
-    from tracer.sglang import autoload
+    from tracer.sglang.activation import autoload
 
     click.echo("removed" if autoload.uninstall_pth(site_dir) else "not installed")
 
@@ -127,7 +127,8 @@ def uninstall_pth_cmd(site_dir: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def status_cmd(site_dir: Path | None, as_json: bool) -> None:
     """Show whether the .pth is installed and current, and the supported sglang versions."""
-    from tracer.sglang import autoload, hooks as sg_hooks
+    from tracer.sglang import hooks as sg_hooks
+    from tracer.sglang.activation import autoload
 
     st = autoload.pth_status(site_dir)
     st["supported_sglang"] = list(sg_hooks.SUPPORTED_SGLANG_VERSIONS)

@@ -128,7 +128,7 @@ def test_decode_allocation_is_measured_around_prepare_for_decode(tmp_path, detai
     import types
 
     from tests.sglang.hooks_fixtures import torch_ints
-    from tracer.sglang.allocators import measure_decode
+    from tracer.sglang.hooks.allocator_decode import measure_decode
 
     with recording(tmp_path / "t", detail=detail) as path, runtime(**SWA16) as rt:
         a = rt.allocator

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.sglang.hooks_util import ledger
-from tracer.sglang import autoload
+from tracer.sglang.activation import autoload
 
 pytestmark = pytest.mark.sglang
 

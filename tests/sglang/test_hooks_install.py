@@ -10,7 +10,7 @@ import tracer
 import tracer.sglang as hooks
 from tests.sglang.hooks_fixtures import extend, recording, runtime, used
 from tests.sglang.hooks_util import ledger, rows
-from tracer.sglang import allocators, autoload_boot_names, hooks as hooks_mod  # noqa: F401
+from tracer.sglang import autoload_boot_names, versions as versions_mod  # noqa: F401
 
 pytestmark = pytest.mark.sglang
 
@@ -114,7 +114,7 @@ def test_version_gate():
     with pytest.raises(hooks.UnsupportedSglang, match="0.5.23"):
         from unittest import mock
 
-        with mock.patch.object(hooks_mod, "sglang_version", return_value="0.5.22"):
+        with mock.patch.object(versions_mod, "sglang_version", return_value="0.5.22"):
             hooks.install()
     assert not hooks.is_installed()
 
@@ -128,6 +128,6 @@ def test_autoload_watch_list_covers_every_hooked_module():
 
     src_dir = Path(pkg.__file__).parent
     targets = set()
-    for f in src_dir.glob("*.py"):
+    for f in src_dir.rglob("*.py"):
         targets |= set(re.findall(r'target\("(sglang[\w.]+)"', f.read_text()))
     assert targets and targets <= set(autoload_boot_names())

@@ -145,7 +145,7 @@ def test_install_per_level_and_switch():
 
 
 def test_detail_setting_is_validated(monkeypatch):
-    from tracer.sglang.state import resolve_detail
+    from tracer.sglang.runtime.state import resolve_detail
 
     monkeypatch.setenv("KVTRACE_DETAIL", "steps")
     assert resolve_detail(None) == "steps"

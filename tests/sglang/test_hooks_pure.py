@@ -6,9 +6,9 @@ from array import array
 
 import numpy as np
 
-from tracer.sglang import autoload, serverinfo
+from tracer.sglang.activation import autoload, serverinfo
 from tracer.sglang.patching import Patcher
-from tracer.sglang.requests import page_hashes
+from tracer.sglang.runtime.requests import page_hashes
 
 
 def test_page_hashes_share_exactly_the_equal_prefix_blocks():
@@ -73,7 +73,8 @@ def test_scheduler_loop_boundary_writes_one_step_row_per_iteration(tmp_path):
     import tracer
     from tests.sglang.hooks_util import rows
     from tracer.schema import Mode
-    from tracer.sglang import stats
+    from tracer.sglang.hooks import scheduler as stats
+    from tracer.sglang.runtime.sampler import loop
 
     calls = []
 
@@ -84,18 +85,18 @@ def test_scheduler_loop_boundary_writes_one_step_row_per_iteration(tmp_path):
     wrapped = stats._make_get_next_batch()(get_next_batch_to_run)
     sched = types.SimpleNamespace(forward_ct=0, tree_cache=None, token_to_kv_pool_allocator=None,
                                   plan="plan")
-    stats._loop.__init__()
+    loop.__init__()
     tracer.start(tmp_path / "t", source="sglang-hooks")
     try:
         for ct in range(1, 4):  # three busy iterations, then idle spinning
             assert wrapped(sched) == "plan"
-            stats._loop.note_batch(int(Mode.DECODE), 8, 8)  # what prepare_for_decode notes
+            loop.note_batch(int(Mode.DECODE), 8, 8)  # what prepare_for_decode notes
             sched.forward_ct = ct
         for _ in range(50):
             wrapped(sched)
     finally:
         tracer.stop()
-        stats._loop.__init__()
+        loop.__init__()
     steps = [r for r in rows(tmp_path / "t", "sched") if r["kind"] == "step"]
     assert [(r["mode"], r["batch_size"]) for r in steps] == [("decode", 8)] * 3 + [("idle", 0)]
     assert [r["forward_ct"] for r in steps[:3]] == [1, 2, 3]
@@ -104,7 +105,7 @@ def test_scheduler_loop_boundary_writes_one_step_row_per_iteration(tmp_path):
 
 
 def test_exact_wrappers_fall_back_to_a_counted_pass_through_on_other_parameters():
-    from tracer.sglang import state
+    from tracer.sglang.runtime import state
     from tracer.sglang.patching import exact, exact_only, params_of
 
     def lock(self, node_id: int, skip_lock_components=()) -> None:

@@ -13,7 +13,7 @@ from replay.workloads.io import workload_manifest
 from tracer.schema import MANIFEST_KEYS
 from tracer.schema import hashing as H
 from tracer.schema.manifest import new_manifest
-from tracer.sglang.requests import page_hashes as hook_page_hashes
+from tracer.sglang.runtime.requests import page_hashes as hook_page_hashes
 
 MASK = (1 << 64) - 1
 
@@ -102,7 +102,7 @@ def test_hook_records_a_declared_prompt_row_and_hashes_a_plain_one(tmp_path):
 
     import tracer
     from replay.trace import open_trace
-    from tracer.sglang.requests import declared_prompt, emit_arrival
+    from tracer.sglang.runtime.requests import declared_prompt, emit_arrival
 
     def req(rid, ids, session=None):
         return SimpleNamespace(rid=rid, origin_input_ids=ids, session_id=session,

@@ -259,7 +259,7 @@ def test_inspect_reports_mb_per_rank_hour(tmp_path):
 
 
 def test_hooks_keep_one_prefix_index_per_recording(tmp_path):
-    from tracer.sglang.requests import stored_prefix
+    from tracer.sglang.runtime.requests import stored_prefix
 
     flat, offsets = _flat([[1, 2, 3], [1, 2, 3, 4]])
     a, b = flat[:3], flat[3:]

@@ -14,13 +14,19 @@ Without code changes: ``KVTRACE_DIR=/traces/run1`` plus the ``.pth`` autoload
 sglang install the hooks and, once it builds real pools, record its own rank. See
 docs/capture.md.
 
+Layout (a hook is found by the sglang module that defines the class it wraps):
+
+- ``hooks/``: ``install``/``uninstall`` and one module per sglang module (``hooks/__init__.py``
+  and docs/capture.md map each sglang class to its hook module);
+- ``runtime/``: the one state object and ids, ``request`` rows, the step/``stats`` sampler;
+- ``activation/``: the ``KVTRACE_DIR`` autoload, the ``.pth``/launch shim, server info;
+- ``patching.py`` (reversible patches), ``wrappers.py`` (the repeated wrapper shapes),
+  ``versions.py`` (the supported sglang versions, declared once).
+
 This package imports sglang only inside ``install()``.
 """
 
 from tracer.sglang.hooks import (  # noqa: F401
-    SUPPORTED_SGLANG_VERSIONS,
-    UnsupportedSglang,
-    check_version,
     install,
     installed_level,
     is_installed,
@@ -28,19 +34,21 @@ from tracer.sglang.hooks import (  # noqa: F401
     patched,
     uninstall,
 )
-from tracer.sglang.state import failures  # noqa: F401
+from tracer.sglang.runtime import requests, state  # noqa: F401  (tracer.sglang.state.rid_of, ...)
+from tracer.sglang.runtime.sampler import configure, sample, step  # noqa: F401
+from tracer.sglang.runtime.state import failures  # noqa: F401
+from tracer.sglang.versions import SUPPORTED_SGLANG_VERSIONS, UnsupportedSglang, check_version  # noqa: F401
 
 
 def autoload_boot_names() -> frozenset:
-    """Module names the autoload watcher (``autoload_boot.py``) waits for."""
+    """Module names the autoload watcher (``activation/autoload_boot.py``) waits for."""
     from pathlib import Path
 
     ns: dict = {"__name__": "kvtrace_autoload_boot_names"}
-    src = Path(__file__).with_name("autoload_boot.py").read_text()
+    src = (Path(__file__).parent / "activation" / "autoload_boot.py").read_text()
     exec(compile(src.split("def _kvtrace_arm")[0], "autoload_boot.py", "exec"), ns)
     return ns["WATCHED"]
-from tracer.sglang.stats import configure, sample, step  # noqa: F401
 
-__all__ = ["install", "uninstall", "is_installed", "installed_level", "step", "sample", "configure", "failures",
-           "check_version",
-           "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang"]
+
+__all__ = ["install", "uninstall", "is_installed", "installed_level", "step", "sample", "configure",
+           "failures", "check_version", "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang"]

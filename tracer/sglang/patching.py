@@ -207,15 +207,15 @@ def exact(params: str, make_exact, make_generic):
 def exact_only(params: str, make):
     """Wrapper factory for wrappers written with the exact parameters ``params``: an original
     with other parameters (not sglang 0.5.23) gets a pass-through instead, and the mismatch is
-    counted in ``state.failures`` (so tests and ``kvtrace hooks status`` show it)."""
+    counted in ``tracer.sglang.failures`` (so tests and ``kvtrace hooks status`` show it)."""
 
     def make_checked(orig):
         got = params_of(orig)
         if got == params:
             return make(orig)
-        from tracer.sglang import state
+        from tracer.sglang.runtime.state import note_failure
 
-        state.note_failure(f"install.{getattr(orig, '__qualname__', orig)}",
+        note_failure(f"install.{getattr(orig, '__qualname__', orig)}",
                            TypeError(f"parameters {got}, expected {params}: not observed"))
 
         def passthrough(*args, **kwargs):

@@ -21,8 +21,8 @@ Usage::
     from replay.backends.sglang.env import bootstrap
     info = bootstrap()          # then `import sglang.srt...` works on CPU
 
-This module imports only the standard library at import time (torch and sglang are imported
-inside :func:`bootstrap`), so ``tracer.sglang`` may import it from a server process.
+This module imports only the standard library and ``tracer.sglang.versions`` (where the supported
+versions are declared once) at import time; torch and sglang are imported inside :func:`bootstrap`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import threading
 import types
 from dataclasses import dataclass, field
 
-SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
+from tracer.sglang.versions import SUPPORTED_SGLANG_VERSIONS, UnsupportedSglang, check_version
+
 
 #: Packages stubbed when absent: name -> version string the stub reports.
 STUBBED_PACKAGES: dict[str, str] = {"triton": "3.5.0", "torchvision": "0.28.0"}
@@ -55,8 +56,8 @@ HOST_COPY_NOOPS: tuple[tuple[str, str], ...] = (
 )
 
 
-class UnsupportedSglangVersion(RuntimeError):
-    """The installed sglang is not a version this backend was written and tested against."""
+#: The one exception for an unsupported sglang (declared in ``tracer.sglang.versions``).
+UnsupportedSglangVersion = UnsupportedSglang
 
 
 class SglangNotInstalled(ImportError):
@@ -276,13 +277,7 @@ def check_sglang_version(version: str | None = None) -> str:
         UnsupportedSglangVersion: naming the installed and the supported versions.
     """
     version = installed_sglang_version() if version is None else version
-    if version not in SUPPORTED_SGLANG_VERSIONS:
-        raise UnsupportedSglangVersion(
-            f"sglang {version} is installed, but kvtrace's real-code backend supports only sglang "
-            f"{', '.join(SUPPORTED_SGLANG_VERSIONS)} (install it with `pip install --no-deps "
-            f"sglang=={SUPPORTED_SGLANG_VERSIONS[-1]}`)"
-        )
-    return version
+    return check_version(version, what="kvtrace's real-code backend")
 
 
 def _noop(*args, **kwargs) -> None:

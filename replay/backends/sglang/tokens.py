@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.workloads.io import Workload, WorkloadRequest
-from tracer.sglang.requests import DeclaredPrompt, declared_prompt
+from tracer.sglang.runtime.requests import DeclaredPrompt, declared_prompt
 
 EOS_TOKEN_ID = 0  # never produced for prompts: synthesized ids are in [1, TOKEN_ID_LIMIT)
 TOKEN_ID_LIMIT = (1 << 31) - 1

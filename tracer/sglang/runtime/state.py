@@ -1,14 +1,17 @@
-"""Process-wide state shared by the sglang hooks: recording flag, request ids, context, registry.
-
-Everything here is cheap to read on the hot path. Nothing here imports sglang or torch.
+"""Process-wide state shared by the sglang hooks: one object, :data:`S`, plus the helpers that
+read it. Nothing here imports sglang or torch, nor any other ``tracer.sglang`` module.
 
 Contents:
+    S: the :class:`HookState` (installed level, current request, dirty flag, step counter,
+        admission pin depths, the recording snapshot, activation callbacks).
     recording(): True while the tracer records (one identity test, no call into the recorder).
-    rid_of(req) / rid_for(str): sglang's string request ids mapped to small ints (a dict).
-    cur_rid: the request on whose behalf the current allocator/cache op runs (-1: none/shared).
-    registry: weak references to the live tree cache, top-level allocator, host pools and
-        requests holding KV rows, used by the per-step ``stats`` sampler.
-    failures: hook errors swallowed so that sglang never sees them (counted, logged once each).
+    sync_recording() / recorder(): the snapshot of the recording the emits belong to, refreshed
+        when ``tracer.pool`` is rebound (a new recording, a stop); listeners run on a new one.
+    rid_of(req) / rid_for(str) / session_for(id): sglang's string ids mapped to small ints.
+    rid_context: ``with rid_context(rid):`` attributes the ops inside to ``rid``.
+    registry: weak references to the live tree cache, top-level allocator, host pools and the
+        requests holding KV rows, read by the per-step ``stats`` sampler.
+    failures / note_failure: hook errors swallowed so that sglang never sees them.
 """
 
 from __future__ import annotations
@@ -18,22 +21,62 @@ import os
 import threading
 import weakref
 from collections import Counter
-from time import perf_counter_ns
 
 import tracer
 
 log = logging.getLogger("kvtrace.sglang")
 
-# The no-op bound to ``tracer.pool`` while not recording: ``tracer.pool is _NOOP`` is the
+# The no-op bound to ``tracer.pool`` while not recording: ``tracer.pool is NOOP`` is the
 # cheapest "not recording" test (one module attribute read and an identity comparison).
-_NOOP = tracer.DISABLED["pool"]
+NOOP = tracer.DISABLED["pool"]
+_NOOP = NOOP  # (the name the hook modules use)
 
-
-# --------------------------------------------------------------------------------------------
-# Capture level (``detail``): which hooks are installed
-# --------------------------------------------------------------------------------------------
 LEVELS = ("steps", "counts", "pages")
-installed_level = "counts"  # level of the installed hooks (``hooks.install``); pages: as counts
+
+
+class HookState:
+    """Everything the hooks share in this process (the one instance is :data:`S`).
+
+    Attributes:
+        level: capture level of the installed hooks (``steps``/``counts``/``pages``).
+        cur_rid: the request on whose behalf allocator/cache ops currently run (-1: none or
+            shared). One slot per process: the scheduler is single-threaded; a host-pool op from
+            another thread may read a stale value, which only affects attribution.
+        dirty: set by every row that can change a pool, the tree's ledger or a request's KV;
+            the stats sampler samples only when set (or when the interval is negative).
+        pin_select / pin_commit: depth inside ``PrefillAdder.add_one_req``/``add_chunked_req``
+            and inside its commit: the selection's temporary prefix pin leaves no rows.
+        forward_ct: the step counter of ``sched``/``stats`` rows.
+        emit_key: the ``tracer.pool`` the recording snapshot was taken for.
+        rec: the active recorder (``tracer.active()``) of that snapshot, or None.
+        pages: that recording captures page ids (``detail="pages"``).
+        starter: set by the autoload when ``KVTRACE_DIR`` arms it: starts recording on the first
+            real pool, tree or scheduler (``touch``).
+        on_step: called once at the next step boundary, then cleared (the autoload merges the
+            live server description into the manifest).
+        server_args: ``ServerArgs`` of the scheduler built in this process (manifest, rank).
+    """
+
+    __slots__ = ("level", "cur_rid", "dirty", "pin_select", "pin_commit", "forward_ct",
+                 "emit_key", "rec", "pages", "starter", "on_step", "server_args",
+                 "new_recording_listeners")
+
+    def __init__(self):
+        self.level = "counts"
+        self.cur_rid = -1
+        self.dirty = True
+        self.pin_select = self.pin_commit = 0
+        self.forward_ct = 0
+        self.emit_key = None
+        self.rec = None
+        self.pages = False
+        self.starter = None
+        self.on_step = None
+        self.server_args = None
+        self.new_recording_listeners: list = []
+
+
+S = HookState()
 
 
 def resolve_detail(detail: str | None) -> str:
@@ -52,7 +95,34 @@ def resolve_detail(detail: str | None) -> str:
 
 def recording() -> bool:
     """True while ``tracer`` records in this process (emit functions are bound)."""
-    return tracer.pool is not _NOOP
+    return tracer.pool is not NOOP
+
+
+def sync_recording() -> None:
+    """Refresh ``S.rec``/``S.pages`` for the recording ``tracer.pool`` belongs to; on a new
+    recording, run the ``new_recording_listeners`` with it. Hot paths call this only when
+    ``tracer.pool is not S.emit_key`` (each recording binds its own emit functions)."""
+    key = tracer.pool
+    if key is S.emit_key:
+        return
+    rec = tracer.active()
+    S.emit_key = key
+    new = rec is not None and rec is not S.rec
+    S.rec = rec
+    S.pages = rec is not None and getattr(rec.opts, "detail", None) == "pages"
+    if new:
+        for fn in list(S.new_recording_listeners):
+            try:
+                fn(rec)
+            except Exception as e:
+                note_failure("state.new_recording", e)
+
+
+def recorder():
+    """The active recorder the hooks write to (None when not recording)."""
+    if tracer.pool is not S.emit_key:
+        sync_recording()
+    return S.rec
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,34 +147,23 @@ def note_failure(site: str, exc: BaseException) -> None:
         pass
 
 
-def run_measured(obj, orig, args, kwargs, account, site: str):
-    """Run ``orig(obj, *args, **kwargs)`` once under the re-entrancy flag (nested wrapped calls
-    are then not counted again), then ``account(dur_ns, out)``; an error there is counted under
-    ``site``, never raised. Returns what ``orig`` returned (its exceptions propagate)."""
-    d = obj.__dict__
-    d["_kvt_busy"] = True
-    out = None
-    t0 = perf_counter_ns()
-    try:
-        out = orig(obj, *args, **kwargs)
-        return out
-    finally:
-        dur = perf_counter_ns() - t0
-        d["_kvt_busy"] = False
-        try:
-            account(dur, out)
-        except Exception as e:
-            note_failure(site, e)
+# --------------------------------------------------------------------------------------------
+# Request and session ids
+# --------------------------------------------------------------------------------------------
+class _Ids:
+    """sglang's string request/session ids -> small ints, numbered from 0 per trace."""
+
+    __slots__ = ("rids", "sessions", "next_rid", "next_session", "lock")
+
+    def __init__(self):
+        self.rids: dict = {}
+        self.sessions: dict = {}
+        self.next_rid = self.next_session = 0
+        self.lock = threading.Lock()
 
 
-# --------------------------------------------------------------------------------------------
-# Request ids
-# --------------------------------------------------------------------------------------------
-_rids: dict[str, int] = {}
-_sessions: dict[str, int] = {}
-_next_rid = [0]
-_next_session = [0]
-_rid_lock = threading.Lock()
+_ids = _Ids()
+_rids = _ids.rids
 
 
 def rid_for(rid_str) -> int:
@@ -116,11 +175,11 @@ def rid_for(rid_str) -> int:
     except TypeError:  # an unhashable id: never raise into sglang
         return -1
     if r is None:
-        with _rid_lock:
+        with _ids.lock:
             r = _rids.get(rid_str)
             if r is None:
-                r = _rids[rid_str] = _next_rid[0]
-                _next_rid[0] += 1
+                r = _rids[rid_str] = _ids.next_rid
+                _ids.next_rid += 1
     return r
 
 
@@ -147,19 +206,13 @@ def session_for(session_id) -> int:
     """Int id of a session/conversation id (-1 when None)."""
     if session_id is None:
         return -1
-    s = _sessions.get(session_id)
+    s = _ids.sessions.get(session_id)
     if s is None:
-        with _rid_lock:
-            s = _sessions.setdefault(session_id, _next_session[0])
-            if s == _next_session[0]:
-                _next_session[0] += 1
+        with _ids.lock:
+            s = _ids.sessions.setdefault(session_id, _ids.next_session)
+            if s == _ids.next_session:
+                _ids.next_session += 1
     return s
-
-
-# The request on whose behalf allocator/cache ops currently run. One slot per process: the
-# scheduler is single-threaded; a host-pool op from another thread may read a stale value,
-# which only affects attribution (rid is informational, never used for accounting).
-cur_rid = [-1]
 
 
 class rid_context:
@@ -171,12 +224,12 @@ class rid_context:
         self.rid = rid
 
     def __enter__(self):
-        self.prev = cur_rid[0]
-        cur_rid[0] = self.rid
+        self.prev = S.cur_rid
+        S.cur_rid = self.rid
         return self
 
     def __exit__(self, *exc):
-        cur_rid[0] = self.prev
+        S.cur_rid = self.prev
         return False
 
 
@@ -221,34 +274,19 @@ class Registry:
 registry = Registry()
 
 
-class StepClock:
-    """Forward counter and step bookkeeping shared by the step sampler and sched rows."""
-
-    def __init__(self):
-        self.forward_ct = 0
-
-
-step_clock = StepClock()
-
-
-def env_flag(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
-
-
 def new_trace() -> None:
     """Per-trace numbering restarts: request and session ids and the step counter from 0."""
-    with _rid_lock:
+    with _ids.lock:
         _rids.clear()
-        _sessions.clear()
-        _next_rid[0] = 0
-        _next_session[0] = 0
-    step_clock.forward_ct = 0
+        _ids.sessions.clear()
+        _ids.next_rid = _ids.next_session = 0
+    S.forward_ct = 0
 
 
 def reset() -> None:
     """Forget ids, registry and counters (tests; ``uninstall``)."""
     new_trace()
-    cur_rid[0] = -1
+    S.cur_rid = -1
     registry.clear()
     failures.clear()
 
@@ -256,33 +294,15 @@ def reset() -> None:
 # --------------------------------------------------------------------------------------------
 # Lazy start (autoload): the first real pool/tree/scheduler object starts the recorder
 # --------------------------------------------------------------------------------------------
-starter: list = [None]  # set by tracer.sglang.autoload when KVTRACE_DIR arms it
-
-
 def touch(reason: str) -> None:
     """Called when a real sglang pool, tree or scheduler is built; starts recording if armed.
 
     Args:
         reason: what was built ("allocator", "tree", "host_pool", "scheduler").
     """
-    s = starter[0]
-    if s is not None and tracer.pool is _NOOP:
+    s = S.starter
+    if s is not None and tracer.pool is NOOP:
         try:
             s(reason)
         except Exception as e:
             note_failure("autoload.start", e)
-
-# ServerArgs of the scheduler being built in this process (set by the Scheduler hook), for the
-# manifest and the rank of a lazily started recording.
-server_args_hint: list = [None]
-
-# Set when the autoload started the recorder: the live server description (pool sizes) is
-# merged into the manifest at the first step.
-manifest_pending: list = [False]
-
-# Set by every row that can change a pool, the tree's ledger or a request's private KV; the
-# stats sampler samples only when it is set (or on ``KVTRACE_STATS=step``), then clears it.
-dirty = [True]
-# [depth inside PrefillAdder.add_one_req/add_chunked_req, depth inside its commit]: the
-# selection's temporary prefix pin (lock + unlock of the candidate's prefix) leaves no rows.
-admission_pin = [0, 0]

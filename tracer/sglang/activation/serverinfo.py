@@ -8,7 +8,8 @@ args, allocator and host pool sizes, tree components) once they exist. Keys foll
 
 from __future__ import annotations
 
-from tracer.sglang import state
+from tracer.sglang.runtime import state
+from tracer.sglang.runtime.state import S
 
 # flag -> (manifest key, type)
 ARGV_FLAGS: dict[str, tuple[str, type]] = {
@@ -92,7 +93,7 @@ def from_server_args(sa) -> dict:
 def from_live() -> dict:
     """Manifest fields from this process's live sglang objects (empty when none yet)."""
     out: dict = {}
-    sa = state.server_args_hint[0]
+    sa = S.server_args
     if sa is not None:
         out.update(from_server_args(sa))
     try:

@@ -1,4 +1,6 @@
-"""``sched`` rows for prefill admission decisions (``PrefillAdder``) and retractions.
+"""Hooks on prefill admission (``sglang.srt.managers.schedule_policy.PrefillAdder`` and
+``sglang.srt.mem_cache.prefill_budget.PrefillBudget``): ``admit`` ``sched`` rows. Retraction rows
+are written by ``schedule_batch.py`` (``release_req``). ``counts``/``pages`` only.
 
 One ``admit`` row per ``PrefillAdder.add_one_req`` / ``add_chunked_req`` call, with the request's
 prefix, the tokens it asked to prefill (``chunk_requested``), the tokens admitted
@@ -23,20 +25,29 @@ from __future__ import annotations
 
 import tracer
 from tracer.schema import SchedKind, Verdict
-from tracer.sglang import state
-from tracer.sglang.patching import exact_only
+from tracer.sglang.patching import exact_only, target
+from tracer.sglang.runtime import state
+from tracer.sglang.runtime.state import NOOP, S
 
-_NOOP = state._NOOP
-ADMIT, RETRACT = int(SchedKind.ADMIT), int(SchedKind.RETRACT)
+ADMIT = int(SchedKind.ADMIT)
 V_ADMITTED, V_CHUNKED, V_SHRUNK = int(Verdict.ADMITTED), int(Verdict.CHUNKED), int(Verdict.SHRUNK)
 V_NO_TOKEN, V_SWA_WAIT, V_OTHER = int(Verdict.NO_TOKEN), int(Verdict.SWA_WAIT), int(Verdict.OTHER)
 
-# Last budget check inside the admission in progress (values read lazily, only for rows that
-# are written): [active, budget, kwargs, (can_admit, limit_out)]
-_chk: list = [False, None, None, None]
+class _Check:
+    """The last budget check inside the admission in progress (values read lazily, only for
+    rows that are written): whether one is being watched, the budget, its arguments and its
+    result ``(can_admit, limit_out)``."""
+
+    __slots__ = ("active", "budget", "kwargs", "result")
+
+    def __init__(self):
+        self.active = False
+        self.budget = self.kwargs = self.result = None
+
+
+_chk = _Check()
 # rid -> (verdict, prefix_len, requested) of its last rejection row (repeats are not written)
 _last_reject: dict[int, tuple] = {}
-_cur_rid = state.cur_rid
 
 
 def _make_check_prefill():
@@ -47,9 +58,10 @@ def _make_check_prefill():
                        max_new_tokens=max_new_tokens, input_tokens=input_tokens,
                        swa_host_hit_length=swa_host_hit_length, chunk_limit=chunk_limit,
                        auxiliary_swa_host_hit_length=auxiliary_swa_host_hit_length)
-            if _chk[0]:
-                _chk[1], _chk[3] = self, out
-                _chk[2] = {"extend_input_len": extend_input_len, "total_tokens": total_tokens,
+            chk = _chk
+            if chk.active:
+                chk.budget, chk.result = self, out
+                chk.kwargs = {"extend_input_len": extend_input_len, "total_tokens": total_tokens,
                            "max_new_tokens": max_new_tokens, "chunk_limit": chunk_limit,
                            "swa_host_hit_length": swa_host_hit_length}
             return out
@@ -94,19 +106,19 @@ def _admit_pre(adder, req, chunked: bool):
         return None
     rid = state.rid_of(req)
     chk = _chk
-    chk[0] = True
-    chk[1] = chk[2] = chk[3] = None
-    prev_rid, _cur_rid[0] = _cur_rid[0], rid
-    state.admission_pin[0] += 1
+    chk.active = True
+    chk.budget = chk.kwargs = chk.result = None
+    prev_rid, S.cur_rid = S.cur_rid, rid
+    S.pin_select += 1
     return rid, prefix0, host_hit, requested, n0, prev_rid
 
 
 def _admit_post(adder, req, chunked: bool, pre, out) -> None:
     rid, prefix0, host_hit, requested, n0, prev_rid = pre
-    state.admission_pin[0] -= 1
-    _cur_rid[0] = prev_rid
-    chk = list(_chk)
-    _chk[0] = False
+    S.pin_select -= 1
+    S.cur_rid = prev_rid
+    chk = _chk
+    chk.active = False
     try:
         _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk)
     except Exception as e:
@@ -118,7 +130,7 @@ def _make_add_one():
 
     def make(orig):
         def add_one_req(self, req, has_chunked_req, truncation_align_size):
-            pre = None if tracer.pool is _NOOP else _admit_pre(self, req, False)
+            pre = None if tracer.pool is NOOP else _admit_pre(self, req, False)
             out = None
             try:
                 out = orig(self, req, has_chunked_req, truncation_align_size)
@@ -137,7 +149,7 @@ def _make_add_chunked():
 
     def make(orig):
         def add_chunked_req(self, req):
-            pre = None if tracer.pool is _NOOP else _admit_pre(self, req, True)
+            pre = None if tracer.pool is NOOP else _admit_pre(self, req, True)
             out = None
             try:
                 out = orig(self, req)
@@ -156,11 +168,11 @@ def _make_commit():
 
     def make(orig):
         def commit(self, req, admission, mamba_gap_reserve):
-            state.admission_pin[1] += 1
+            S.pin_commit += 1
             try:
                 return orig(self, req, admission, mamba_gap_reserve)
             finally:
-                state.admission_pin[1] -= 1
+                S.pin_commit -= 1
 
         return commit
 
@@ -168,7 +180,7 @@ def _make_commit():
 
 
 def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out, chk) -> None:
-    _, budget, kw, result = chk
+    budget, kw, result = chk.budget, chk.kwargs, chk.result
     can_admit, limit_out = result if result is not None else (True, None)
     limit_in = kw.get("chunk_limit") if kw else None
     admitted = len(adder.can_run_list) > n0 and adder.can_run_list[-1] is req
@@ -202,38 +214,15 @@ def _emit_admit(adder, req, rid, chunked, prefix0, host_hit, requested, n0, out,
         else:
             verdict = V_OTHER
     rem_total, rem_swa = _budgets(adder)
-    tracer.sched(ADMIT, state.step_clock.forward_ct, 0, 0, 0, 0, rid, prefix0, requested,
+    tracer.sched(ADMIT, S.forward_ct, 0, 0, 0, 0, rid, prefix0, requested,
                  host_hit, requested, got, verdict, rem_total, rem_swa, _swa_needed(budget, kw))
 
 
-def _make_release_req():
-    """Retraction: ``schedule_batch.release_req`` frees a running request for decode memory."""
-
-    def make(orig):
-        def release_req(*args, **kwargs):
-            if tracer.pool is _NOOP:
-                return orig(*args, **kwargs)
-            req = kwargs.get("req")
-            try:
-                rid = state.rid_of(req)
-                prefix = int(req.kv.cache_protected_len)
-                held = int(req.kv.kv_allocated_len)
-                tracer.sched(RETRACT, state.step_clock.forward_ct, 0, 0, 0, 0, rid, prefix,
-                             max(0, held - prefix), 0, 0, 0, 0, -1, -1, -1)
-            except Exception as e:
-                state.note_failure("admission.retract", e)
-            return orig(*args, **kwargs)
-
-        return release_req
-
-    return make
-
-
-def install(patcher, lazy: bool = False) -> int:
-    """Wrap ``PrefillAdder`` admission, the prefill budgets and retraction. Returns count."""
-    from tracer.sglang.patching import target
-
+def install(patcher, lazy: bool = False, level: str = "counts") -> int:
+    """Wrap ``PrefillAdder`` admission and the prefill budgets (not at ``steps``). Returns count."""
     n = 0
+    if level == "steps":
+        return 0
     sp = target("sglang.srt.managers.schedule_policy", lazy)
     if sp is not None:
         A = sp.PrefillAdder
@@ -246,7 +235,4 @@ def install(patcher, lazy: bool = False) -> int:
     if pb is not None:
         n += patcher.wrap_method_tree(pb.PrefillBudget, "check_prefill",
                                       exact_only(_CHECK_PARAMS, _make_check_prefill()))
-    sb = target("sglang.srt.managers.schedule_batch", lazy)
-    if sb is not None:
-        n += patcher.wrap_function(sb, "release_req", _make_release_req())
     return n

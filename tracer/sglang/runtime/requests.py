@@ -1,5 +1,6 @@
-"""``request`` rows from real sglang ``Req`` objects: arrival (``Req.__init__``) and finish/abort
-(``release_kv_cache`` of a finished request).
+"""``request`` rows from real sglang ``Req`` objects: arrival (written by the ``Req.__init__`` hook,
+``hooks/schedule_batch.py``) and finish/abort (the ``release_kv_cache`` hook of a finished
+request, ``hooks/mem_cache_common.py``).
 
 Token ids are never stored: the prompt is kept as chained page hashes, one per *full* block of
 ``hash_block_tokens`` tokens (manifest key; ``KVTRACE_HASH_BLOCK_TOKENS``, default 16; 0 turns
@@ -30,9 +31,8 @@ import tracer
 from tracer.schema import RequestEvent
 from tracer.schema.hashing import page_hashes_from_tokens
 from tracer.schema.prefixes import DEFAULT_SLOTS, PrefixIndex
-from tracer.sglang import state
+from tracer.sglang.runtime import state
 
-_NOOP = state._NOOP
 ARRIVAL, FINISH, ABORT = int(RequestEvent.ARRIVAL), int(RequestEvent.FINISH), int(RequestEvent.ABORT)
 DEFAULT_HASH_BLOCK_TOKENS = 16
 
@@ -67,7 +67,7 @@ def declared_prompt(token_ids, *, page_hashes, session_id: int = -1, turn: int =
 
 def hash_block_tokens() -> int:
     """Block size in force: the trace manifest's, else ``KVTRACE_HASH_BLOCK_TOKENS``, else 16."""
-    rec = tracer._active
+    rec = state.recorder()
     if rec is not None:
         v = rec.manifest.get("hash_block_tokens")
         if v is not None:
@@ -98,7 +98,7 @@ class _Prefixes:
 
 def prefix_index() -> PrefixIndex:
     """The active recording's prefix index (created on first use)."""
-    rec = tracer._active
+    rec = state.recorder()
     if _Prefixes.recorder is not rec or _Prefixes.index is None:
         slots = int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
         _Prefixes.recorder, _Prefixes.index = rec, PrefixIndex(slots)
@@ -132,7 +132,7 @@ def emit_arrival(req) -> None:
 
 
 def _emit_declared_arrival(req, ids: DeclaredPrompt) -> None:
-    rec = tracer._active
+    rec = state.recorder()
     at = ids.arrival_ns
     manual = at is not None and rec is not None and rec.opts.clock == "manual"
     if manual:
@@ -156,26 +156,3 @@ def emit_finish(req, rid: int) -> None:
                    len(req.origin_input_ids), len(req.output_ids), _max_new(req),
                    int(getattr(req, "cached_tokens", -1) or 0), str(req.rid), None)
     state.forget_rid(req.rid)
-
-
-def _make_req_init():
-    def make(orig):
-        def init(self, *args, **kwargs):
-            orig(self, *args, **kwargs)
-            if tracer.pool is not _NOOP:
-                try:
-                    emit_arrival(self)
-                except Exception as e:
-                    state.note_failure("request.arrival", e)
-
-        return init
-
-    return make
-
-
-def install(patcher, lazy: bool = False) -> int:
-    """Wrap ``Req.__init__`` (``lazy``: only if already imported). Returns count."""
-    from tracer.sglang.patching import target
-
-    sb = target("sglang.srt.managers.schedule_batch", lazy)
-    return patcher.wrap_method(sb.Req, "__init__", _make_req_init()) if sb is not None else 0

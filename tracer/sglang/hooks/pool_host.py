@@ -1,4 +1,6 @@
-"""Hooks on HiCache host pools: alloc, free (lazy release) and merge, each with ``dur_ns``.
+"""Hooks on HiCache host pools (``sglang.srt.mem_cache.pool_host``: ``HostKVCache`` and its
+subclasses, ``HostPoolGroup``; ``memory_pool_host.LogicalHostPool``): alloc, free (lazy release)
+and merge, each with ``dur_ns``.
 
 A host pool (``HostKVCache`` and subclasses, ``LogicalHostPool``) counts released-but-unmerged
 slots as available, so a free is recorded when it is queued (DESIGN.md §3). Like the device
@@ -10,6 +12,8 @@ and after, under the pool's own re-entrant lock so that a concurrent thread cann
 Pools are tagged by their entry in a ``HostPoolGroup``: ``kv`` -> ``host_full``, ``swa`` ->
 ``host_swa``; other side pools (mamba, indexer, ...) are not recorded. An ungrouped pool counts as
 ``host_full``.
+
+At ``steps`` only the constructors and the group's tagging are wrapped (the sampler's registry).
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from time import perf_counter_ns
 
 import tracer
 from tracer.schema import Pool, PoolOp
-from tracer.sglang import state
-
-_NOOP = state._NOOP
+from tracer.sglang.patching import target
+from tracer.sglang.runtime import state
+from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.wrappers import after_call, after_init, run_measured, timed_before
 HOST_FULL, HOST_SWA = int(Pool.HOST_FULL), int(Pool.HOST_SWA)
 ALLOC, FREE, ALLOC_FAIL = int(PoolOp.ALLOC), int(PoolOp.FREE), int(PoolOp.ALLOC_FAIL)
 MERGE, CLEAR = int(PoolOp.MERGE), int(PoolOp.CLEAR)
@@ -40,19 +45,19 @@ def _ids(t, ps: int):
         return None
 
 
-def _emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
+def emit(pool: int, op: int, n: int, ps: int, dur_ns: int, ids=None) -> None:
     pages = n // ps if ps > 1 else n
-    state.dirty[0] = True
+    S.dirty = True
     if ids is None:
-        tracer.pool(pool, op, state.cur_rid[0], n, pages, dur_ns)
+        tracer.pool(pool, op, S.cur_rid, n, pages, dur_ns)
     else:
-        tracer.pool_ids(pool, op, state.cur_rid[0], n, pages, dur_ns, ids)
+        tracer.pool_ids(pool, op, S.cur_rid, n, pages, dur_ns, ids)
 
 
 def _make_op(name: str):
     def make(orig):
         def host_op(self, *args, **kwargs):
-            if tracer.pool is _NOOP:
+            if tracer.pool is NOOP:
                 return orig(self, *args, **kwargs)
             d = self.__dict__
             pool = d.get("_kvt_pool", HOST_FULL)
@@ -64,7 +69,7 @@ def _make_op(name: str):
                     before = self.available_size()
                 except Exception:
                     return orig(self, *args, **kwargs)
-                return state.run_measured(
+                return run_measured(
                     self, orig, args, kwargs,
                     lambda dur, out: _account(self, pool, name, before, dur, args, kwargs, out),
                     f"host_pool.{name}")
@@ -77,53 +82,34 @@ def _make_op(name: str):
 def _account(p, pool: int, name: str, before: int, dur_ns: int, args, kwargs, out) -> None:
     delta = before - p.available_size()
     ps = _page_size(p)
-    pages = tracer._active is not None and tracer._active.opts.detail == "pages"
+    state.recorder()
+    pages = S.pages
     if delta > 0:
-        _emit(pool, ALLOC, delta, ps, dur_ns, _ids(out, ps) if pages and out is not None else None)
+        emit(pool, ALLOC, delta, ps, dur_ns, _ids(out, ps) if pages and out is not None else None)
     elif delta < 0:
         ids = _ids(args[0], ps) if pages and name == "free" and args else None
-        _emit(pool, FREE, -delta, ps, dur_ns, ids)
+        emit(pool, FREE, -delta, ps, dur_ns, ids)
     elif name == "alloc" and out is None:
         need = kwargs.get("need_size", args[0] if args else 0)
-        _emit(pool, ALLOC_FAIL, int(need), ps, dur_ns)
+        emit(pool, ALLOC_FAIL, int(need), ps, dur_ns)
     if name == "clear" and delta < 0:
-        _emit(pool, CLEAR, -delta, ps, 0)
+        emit(pool, CLEAR, -delta, ps, 0)
 
 
-def _make_merge():
-    def make(orig):
-        def merge(self, *args, **kwargs):
-            if tracer.pool is _NOOP:
-                return orig(self, *args, **kwargs)
-            pool = self.__dict__.get("_kvt_pool", HOST_FULL)
-            staged = int(self.__dict__.get("num_release_slots", 0) or 0)
-            t0 = perf_counter_ns()
-            out = orig(self, *args, **kwargs)
-            if staged and pool is not None:
-                try:
-                    _emit(pool, MERGE, staged, _page_size(self), perf_counter_ns() - t0)
-                except Exception as e:
-                    state.note_failure("host_pool.merge", e)
-            return out
-
-        return merge
-
-    return make
+def _staged(p, args, kwargs):
+    """(pool, released slots waiting to be merged) before ``_merge_release_slots``; None: no row."""
+    pool = p.__dict__.get("_kvt_pool", HOST_FULL)
+    staged = int(p.__dict__.get("num_release_slots", 0) or 0)
+    return (pool, staged) if staged and pool is not None else None
 
 
-def _make_init():
-    def make(orig):
-        def init(self, *args, **kwargs):
-            orig(self, *args, **kwargs)
-            try:
-                state.registry.host_pools[id(self)] = self
-                state.touch("host_pool")
-            except Exception as e:
-                state.note_failure("host_pool.init", e)
+def _account_merge(p, pre, dur_ns: int, args, kwargs) -> None:
+    emit(pre[0], MERGE, pre[1], _page_size(p), dur_ns)
 
-        return init
 
-    return make
+def _register(p) -> None:
+    state.registry.host_pools[id(p)] = p
+    state.touch("host_pool")
 
 
 def tag_group(group) -> None:
@@ -152,52 +138,22 @@ def tag_group(group) -> None:
             pass
 
 
-def _make_group(name: str):
-    def make(orig):
-        def group_op(self, *args, **kwargs):
-            out = orig(self, *args, **kwargs)
-            try:
-                tag_group(self)
-            except Exception as e:
-                state.note_failure(f"host_pool.group_{name}", e)
-            return out
-
-        return group_op
-
-    return make
-
-
-def install_registry(patcher, lazy: bool = False) -> int:
-    """Level ``steps``: only the constructors (host pools sampled by ``stats``), no op rows."""
-    from tracer.sglang.patching import target
-
-    n = 0
-    hb = target("sglang.srt.mem_cache.pool_host.base", lazy)
-    mph = target("sglang.srt.mem_cache.memory_pool_host", lazy)
-    for b in [m for m in ((hb and hb.HostKVCache), (mph and mph.LogicalHostPool)) if m]:
-        n += patcher.wrap_method(b, "__init__", _make_init())
-    grp = target("sglang.srt.mem_cache.pool_host.group", lazy)
-    if grp is not None:
-        n += patcher.wrap_method(grp.HostPoolGroup, "__init__", _make_group("init"))
-        n += patcher.wrap_method(grp.HostPoolGroup, "add_entry", _make_group("add_entry"))
-    return n
-
-
-def install(patcher, lazy: bool = False) -> int:
+def install(patcher, lazy: bool = False, level: str = "counts") -> int:
     """Wrap host pool classes (``lazy``: only if already imported). Returns count."""
-    from tracer.sglang.patching import target
-
     n = 0
     hb = target("sglang.srt.mem_cache.pool_host.base", lazy)
     mph = target("sglang.srt.mem_cache.memory_pool_host", lazy)
     bases = [m for m in ((hb and hb.HostKVCache), (mph and mph.LogicalHostPool)) if m]
     for b in bases:
-        for name in ("alloc", "free", "clear"):
-            n += patcher.wrap_method_tree(b, name, _make_op(name))
-        n += patcher.wrap_method_tree(b, "_merge_release_slots", _make_merge())
-        n += patcher.wrap_method(b, "__init__", _make_init())
+        if level != "steps":
+            for name in ("alloc", "free", "clear"):
+                n += patcher.wrap_method_tree(b, name, _make_op(name))
+            n += patcher.wrap_method_tree(b, "_merge_release_slots",
+                                          timed_before("host_pool.merge", _staged, _account_merge))
+        n += patcher.wrap_method(b, "__init__", after_init("host_pool.init", _register))
     grp = target("sglang.srt.mem_cache.pool_host.group", lazy)
     if grp is not None:
-        n += patcher.wrap_method(grp.HostPoolGroup, "__init__", _make_group("init"))
-        n += patcher.wrap_method(grp.HostPoolGroup, "add_entry", _make_group("add_entry"))
+        G = grp.HostPoolGroup
+        n += patcher.wrap_method(G, "__init__", after_call("host_pool.group_init", tag_group))
+        n += patcher.wrap_method(G, "add_entry", after_call("host_pool.group_add_entry", tag_group))
     return n

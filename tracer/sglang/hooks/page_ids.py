@@ -7,7 +7,7 @@ free list before the call (allocation takes from the head), or the returned slot
 
 from __future__ import annotations
 
-from tracer.sglang import state
+from tracer.sglang.runtime import state
 
 
 def ids_numpy(tensors):

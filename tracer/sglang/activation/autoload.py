@@ -2,7 +2,8 @@
 
 How it works:
 
-1. ``kvtrace_autoload.pth`` (in site-packages; ``kvtrace hooks install-pth``) runs at interpreter
+1. ``kvtrace_autoload.pth`` (in site-packages; ``kvtrace hooks install-pth``, written by
+   ``launch.py``) runs at interpreter
    start-up. Only when ``KVTRACE_DIR`` is set, it executes ``autoload_boot.py`` (stdlib only),
    which puts a watcher on ``sys.meta_path``. Without ``KVTRACE_DIR`` it costs one environment
    lookup. ``kvtrace launch`` does the same through a ``sitecustomize`` shim on ``PYTHONPATH``,
@@ -16,8 +17,8 @@ How it works:
    tp_size + tp_rank`` from sglang's parallel context when known and free, else the lowest free
    rank.
 
-Environment: ``KVTRACE_DIR`` (trace directory; required), ``KVTRACE_DETAIL`` (``counts`` |
-``pages``), ``KVTRACE_FLUSH_MS`` (default 1000), ``KVTRACE_HASH_BLOCK_TOKENS`` (default 16),
+Environment: ``KVTRACE_DIR`` (trace directory; required), ``KVTRACE_DETAIL`` (``steps`` |
+``counts`` | ``pages``), ``KVTRACE_FLUSH_MS`` (default 1000), ``KVTRACE_HASH_BLOCK_TOKENS`` (default 16),
 ``KVTRACE_IDLE_SAMPLE_MS`` (default 1000), ``KVTRACE_AUTOLOAD=0`` (disarm without unsetting
 ``KVTRACE_DIR``).
 """
@@ -26,18 +27,28 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-import sysconfig
 import threading
 from pathlib import Path
 
 import tracer
-from tracer.sglang import serverinfo, state
+from tracer.sglang import hooks
+from tracer.sglang.activation import parent_watch, serverinfo
+from tracer.sglang.activation.launch import (  # noqa: F401  (re-exported: kvtrace hooks/launch)
+    BOOT_FILE,
+    PTH_NAME,
+    install_pth,
+    pth_line,
+    pth_status,
+    site_packages,
+    uninstall_pth,
+    write_launch_shim,
+)
+from tracer.sglang.runtime import requests, state
+from tracer.sglang.runtime.state import S
+from tracer.sglang.versions import UnsupportedSglang
 
 log = logging.getLogger("kvtrace.sglang")
 
-PTH_NAME = "kvtrace_autoload.pth"
-BOOT_FILE = Path(__file__).with_name("autoload_boot.py")
 _lock = threading.RLock()
 _status = {"disabled": None, "installed": 0, "manifest_updated": False}
 
@@ -55,14 +66,12 @@ def on_module_loaded(name: str) -> None:
         return
     with _lock:
         try:
-            from tracer.sglang import hooks
-
             if _status["installed"] == 0:
                 hooks.check_version()
                 state.resolve_detail(None)  # a wrong KVTRACE_DETAIL disarms, named in the log
             _status["installed"] += hooks.install(check=False, lazy=True)
-            state.starter[0] = start_recording
-        except (hooks.UnsupportedSglang, ValueError) as e:
+            S.starter = start_recording
+        except (UnsupportedSglang, ValueError) as e:
             _status["disabled"] = str(e)
             log.error("kvtrace: %s; hooks not installed", e)
         except Exception as e:
@@ -97,8 +106,6 @@ def start_recording(reason: str) -> None:
     with _lock:
         if tracer.is_active():
             return
-        from tracer.sglang import requests
-
         opts = {"flush_interval_ms": int(os.environ.get("KVTRACE_FLUSH_MS", "1000")),
                 "detail": state.resolve_detail(None)}  # KVTRACE_DETAIL, default counts
         tracer.start(os.environ["KVTRACE_DIR"], rank=_rank_guess(), source="sglang-hooks",
@@ -107,17 +114,14 @@ def start_recording(reason: str) -> None:
                                                           requests.DEFAULT_HASH_BLOCK_TOKENS)),
                      **opts)
         update_manifest_server()  # what is known now (the first pool); again at the first step
-        state.manifest_pending[0] = True
-        from tracer.sglang import parent_watch
-
+        S.on_step = update_manifest_server
         parent_watch.arm()  # sglang SIGKILLs this process when its parent exits: close first
         log.info("kvtrace: recording %s (pid %d, first object: %s)", os.environ["KVTRACE_DIR"],
                  os.getpid(), reason)
 
 
 def update_manifest_server() -> None:
-    """Merge the live server description (pool sizes...) into the trace manifest once."""
-    state.manifest_pending[0] = False
+    """Merge the live server description (pool sizes...) into the trace manifest."""
     rec = tracer.active()
     if rec is None:
         return
@@ -132,80 +136,3 @@ def update_manifest_server() -> None:
         m["server"] = srv
 
     manifest.update_manifest(rec.dir, merge)
-
-
-# ------------------------------------------------------------------ .pth management
-def pth_line(boot: Path = BOOT_FILE) -> str:
-    """The single line of the ``.pth`` file (executed by ``site`` at start-up)."""
-    p = str(boot.resolve())
-    return (
-        "import os; _kvt_boot = " + repr(p) + "; "
-        "os.environ.get('KVTRACE_DIR') and os.path.exists(_kvt_boot) and "
-        "exec(compile(open(_kvt_boot).read(), _kvt_boot, 'exec'), "
-        "{'__name__': 'kvtrace_autoload_boot'})\n"
-    )
-
-
-def site_packages() -> Path:
-    """This interpreter's site-packages (purelib) directory."""
-    return Path(sysconfig.get_paths()["purelib"])
-
-
-def install_pth(target_dir: str | os.PathLike | None = None) -> Path:
-    """Write ``kvtrace_autoload.pth`` into ``target_dir`` (default: site-packages). Idempotent.
-
-    Returns: the path written.
-    """
-    d = Path(target_dir) if target_dir is not None else site_packages()
-    p = d / PTH_NAME
-    p.write_text(pth_line())
-    return p
-
-
-def uninstall_pth(target_dir: str | os.PathLike | None = None) -> bool:
-    """Remove the ``.pth`` file; True when one was removed."""
-    d = Path(target_dir) if target_dir is not None else site_packages()
-    p = d / PTH_NAME
-    if p.exists():
-        p.unlink()
-        return True
-    return False
-
-
-def pth_status(target_dir: str | os.PathLike | None = None) -> dict:
-    d = Path(target_dir) if target_dir is not None else site_packages()
-    p = d / PTH_NAME
-    return {"pth": str(p), "installed": p.exists(),
-            "current": p.exists() and p.read_text() == pth_line(),
-            "armed_here": "_kvtrace_autoload_watcher" in sys.modules}
-
-
-SITECUSTOMIZE = '''\
-# kvtrace launch shim: arm the kvtrace autoload, then run any other sitecustomize.
-import os as _os, sys as _sys
-_kvt_boot = {boot!r}
-try:
-    if _os.environ.get("KVTRACE_DIR") and _os.path.exists(_kvt_boot):
-        exec(compile(open(_kvt_boot).read(), _kvt_boot, "exec"), {{"__name__": "kvtrace_autoload_boot"}})
-except Exception as _e:
-    _sys.stderr.write("kvtrace: autoload not armed: %r\\n" % (_e,))
-try:
-    import importlib.machinery as _m, importlib.util as _u
-    _here = _os.path.dirname(_os.path.abspath(__file__))
-    _rest = [p for p in _sys.path if _os.path.abspath(p or ".") != _here]
-    _spec = _m.PathFinder.find_spec("sitecustomize", _rest)
-    if _spec is not None and _spec.loader is not None:
-        _mod = _u.module_from_spec(_spec)
-        _spec.loader.exec_module(_mod)
-except Exception as _e:
-    _sys.stderr.write("kvtrace: chained sitecustomize failed: %r\\n" % (_e,))
-'''
-
-
-def write_launch_shim(directory: str | os.PathLike) -> Path:
-    """Write a ``sitecustomize.py`` shim into ``directory`` (to prepend to ``PYTHONPATH``)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / "sitecustomize.py"
-    p.write_text(SITECUSTOMIZE.format(boot=str(BOOT_FILE.resolve())))
-    return p

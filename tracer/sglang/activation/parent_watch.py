@@ -25,7 +25,12 @@ log = logging.getLogger("kvtrace.sglang")
 
 _PR_SET_PDEATHSIG, _PR_GET_PDEATHSIG = 1, 2
 POLL_S = 0.2
-_armed = [False]
+
+
+class _Armed:
+    """Whether this process's watcher runs (reset in a forked child)."""
+
+    value = False
 
 
 def _libc():
@@ -74,7 +79,7 @@ def arm() -> bool:
     Returns:
         True when a watcher now runs (the process had a death signal and this is Linux).
     """
-    if _armed[0] or not sys.platform.startswith("linux"):
+    if _Armed.value or not sys.platform.startswith("linux"):
         return False
     try:
         sig = death_signal()
@@ -87,7 +92,7 @@ def arm() -> bool:
             os.kill(os.getpid(), sig)
         threading.Thread(target=_watch, args=(parent, sig), name="kvtrace-parent-watch",
                          daemon=True).start()
-        _armed[0] = True
+        _Armed.value = True
         return True
     except Exception as e:
         log.warning("kvtrace: parent-death watch not armed: %r", e)
@@ -95,7 +100,7 @@ def arm() -> bool:
 
 
 def _after_fork_in_child() -> None:
-    _armed[0] = False  # PDEATHSIG is cleared in a forked child; its own arm() decides again
+    _Armed.value = False  # PDEATHSIG is cleared in a forked child; its own arm() decides again
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

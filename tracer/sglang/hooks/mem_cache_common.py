@@ -1,0 +1,145 @@
+"""Hooks on the request-level cache helpers of ``sglang.srt.mem_cache.common`` (module
+functions, rebound in every sglang module that imported them by name):
+
+- ``release_kv_cache(req, tree_cache, *, checkpoint)``: a ``release`` ``cache`` row (the
+  request's protected prefix and private tokens), and the ``finish``/``abort`` ``request`` row
+  of a finished request; at ``steps`` only the latter;
+- ``free_swa_out_of_window_slots(...)`` (every decode step of a request past the window may
+  call it): one ``swa_release`` row with the SWA tokens it released; ``counts``/``pages``.
+
+Both attribute the pool rows they cause to their request (``S.cur_rid``).
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+
+import tracer
+from tracer.schema import CacheOp
+from tracer.sglang.hooks.unified_radix_cache import cache_row
+from tracer.sglang.patching import exact_only, target
+from tracer.sglang.runtime import requests, state
+from tracer.sglang.runtime.state import NOOP, S
+
+SWA_RELEASE, RELEASE = int(CacheOp.SWA_RELEASE), int(CacheOp.RELEASE)
+
+
+def _make_release_kv_cache():
+    def make(orig):
+        def release_kv_cache(req, tree_cache, *, checkpoint):
+            if tracer.pool is NOOP:
+                return orig(req, tree_cache, checkpoint=checkpoint)
+            rid = state.rid_of(req)
+            try:
+                kv = req.kv
+                allocated, protected = int(kv.kv_allocated_len), int(kv.cache_protected_len)
+            except Exception:
+                allocated = protected = 0
+            prev_rid, S.cur_rid = S.cur_rid, rid
+            t0 = perf_counter_ns()
+            try:
+                return orig(req, tree_cache, checkpoint=checkpoint)
+            finally:
+                S.cur_rid = prev_rid
+                try:
+                    cache_row(RELEASE, rid, protected, 0, 0, max(0, allocated - protected), 0,
+                                 0, 0, 0, perf_counter_ns() - t0)
+                    if req.finished():
+                        requests.emit_finish(req, rid)
+                except Exception as e:
+                    state.note_failure("radix.release", e)
+
+        return release_kv_cache
+
+    return make
+
+
+def _swa_release_pre(req, ct):
+    """(SWA evicted length before, rid, previous rid); attributes the frees inside to ``req``."""
+    try:
+        before = req.kv.get_evicted_seqlen(ct)
+    except Exception:
+        before = None
+    rid = state.rid_of(req)
+    prev_rid, S.cur_rid = S.cur_rid, rid
+    return before, rid, prev_rid
+
+
+def _swa_release_post(req, ct, pre, t0: int) -> None:
+    before, rid, prev_rid = pre
+    S.cur_rid = prev_rid
+    if before is not None:
+        try:
+            freed = req.kv.get_evicted_seqlen(ct) - before
+            if freed > 0:
+                cache_row(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0, perf_counter_ns() - t0)
+        except Exception as e:
+            state.note_failure("radix.swa_release", e)
+
+
+_SWA_RELEASE_PARAMS = (
+    "(req, pre_len, *, sliding_window_size, page_size, req_to_token_pool, "
+    "token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None, "
+    "component_type=<ComponentType.SWA: 1>, free_segment=None, eviction_interval=1)")
+
+
+def _make_free_swa_out_of_window():
+    """``common.free_swa_out_of_window_slots`` (every decode step of a request past the window
+    may call it): one ``swa_release`` row with the SWA tokens it released."""
+
+    def make(orig):
+        ct_default = (orig.__kwdefaults__ or {}).get("component_type")
+
+        def free_swa_out_of_window_slots(
+                req, pre_len, *, sliding_window_size, page_size, req_to_token_pool,
+                token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None,
+                component_type=ct_default, free_segment=None, eviction_interval=1):
+            pre = None if tracer.pool is NOOP else _swa_release_pre(req, component_type)
+            t0 = perf_counter_ns()
+            try:
+                return orig(req, pre_len, sliding_window_size=sliding_window_size,
+                            page_size=page_size, req_to_token_pool=req_to_token_pool,
+                            token_to_kv_pool_allocator=token_to_kv_pool_allocator,
+                            supports_prefix_sharing=supports_prefix_sharing,
+                            retain_floor=retain_floor, component_type=component_type,
+                            free_segment=free_segment, eviction_interval=eviction_interval)
+            finally:
+                if pre is not None:
+                    _swa_release_post(req, component_type, pre, t0)
+
+        return free_swa_out_of_window_slots
+
+    return make
+
+def _make_finish_only():
+    """Level ``steps``: only the ``finish``/``abort`` row of a finished request."""
+
+    def make(orig):
+        def release_kv_cache(req, tree_cache, *, checkpoint):
+            out = orig(req, tree_cache, checkpoint=checkpoint)
+            if tracer.pool is not NOOP:
+                try:
+                    if req.finished():
+                        requests.emit_finish(req, state.rid_of(req))
+                except Exception as e:
+                    state.note_failure("steps.release", e)
+            return out
+
+        return release_kv_cache
+
+    return make
+
+
+def install(patcher, lazy: bool = False, level: str = "counts") -> int:
+    """Wrap the ``common.py`` helpers (``lazy``: only if already imported). Returns count."""
+    common = target("sglang.srt.mem_cache.common", lazy)
+    if common is None:
+        return 0
+    if level == "steps":
+        return patcher.wrap_function(common, "release_kv_cache", exact_only(
+            "(req, tree_cache, *, checkpoint)", _make_finish_only()))
+    n = patcher.wrap_function(common, "release_kv_cache", exact_only(
+        "(req, tree_cache, *, checkpoint)", _make_release_kv_cache()))
+    n += patcher.wrap_function(common, "free_swa_out_of_window_slots", exact_only(
+        _SWA_RELEASE_PARAMS, _make_free_swa_out_of_window()))
+    return n
