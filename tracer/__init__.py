@@ -148,6 +148,10 @@ def flush() -> None:
 
 
 def active() -> Recorder | None:
+    """The recorder of this process's recording, or None (not recording, stopped or failed).
+
+    Hooks use this (never the private ``_active``); on hot paths they test ``tracer.pool``
+    identity instead, which changes whenever a recording starts, stops or fails."""
     return _active if _active is not None and not _active.stopped and not _active.failed else None
 
 
