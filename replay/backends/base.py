@@ -14,15 +14,21 @@ the clock, one batch (prefill admission first, else decode with retraction), the
 advances, results (finish / checkpoint), one pool sample, ``on_step(record, backend)``.
 
 A backend module (the entry in ``replay.runs.replay.BACKEND_MODULES``) exposes
-``settings_from_knobs(values) -> settings`` (a frozen dataclass with ``to_dict()``) and
-``record_run(workload, settings, out, *, detail, manifest_extra, on_progress) -> RecordedRun``.
+``settings_from_knobs(values) -> settings`` (a :class:`replay.backends.settings.BackendSettings`)
+and ``record_run(workload, settings, out, *, detail, manifest_extra, on_progress) -> RecordedRun``.
+Both ``record_run`` go through one recording lifecycle, :func:`record_trace` (tracer start, the
+loop under a :class:`RunObserver`, stop marked complete / interrupted / crashed, the failed-recording
+and interrupt errors, the manifest's extra keys, the :class:`RecordedRun`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from time import perf_counter_ns
+from typing import Any, Callable, Iterable, Protocol
+
+from replay.errors import DataLostError, Interrupted
 
 #: Why a request left: ``finished`` (stop token or length), ``retract_oom`` (aborted by the
 #: retraction path: out of memory even alone), ``too_long`` (refused at arrival: the prompt does
@@ -112,6 +118,136 @@ class RecordedRun:
     patches: list[dict] = field(default_factory=list)
     hook_failures: dict = field(default_factory=dict)
     sglang_version: str = ""
+    #: what the backend reports about its environment (sglang: ``host_copy_noops``, ``stubbed``)
+    backend_info: dict = field(default_factory=dict)
+    #: a planted incident's counter (``calls``, ``planted``); empty when none was planted
+    incident: dict = field(default_factory=dict)
+
+
+class RecordingFailed(DataLostError):
+    """The recorder failed (disk full, ...) while the loop ran to its end: the trace lost events.
+
+    Attributes:
+        recorded: the run's :class:`RecordedRun` (the manifest's extra keys were not written).
+    """
+
+    def __init__(self, message: str, recorded: RecordedRun) -> None:
+        super().__init__(message)
+        self.recorded = recorded
+
+
+class RunObserver:
+    """The :class:`LoopObserver` of a recorded run: moves the trace clock with the loop and notes
+    each request's arrival, first admission, first token and finish on the virtual clock.
+
+    Subclasses say how a batch's requests are reached (:meth:`batch_of`) and how the loop's
+    request ids key :attr:`times` (:attr:`key`).
+    """
+
+    #: turns a workload request's rid into the loop's own request id (the key of :attr:`times`)
+    key: Callable[[Any], Any] = int
+
+    def __init__(self, set_clock: Callable[[int], None], on_progress: Callable[[int, int], None] | None) -> None:
+        self._set_clock = set_clock
+        self.times: dict[Any, RequestTimes] = {}
+        self.sched_cpu_ns = 0
+        self.on_progress = on_progress
+        self.done = 0
+
+    def batch_of(self, backend: Any) -> Iterable:
+        """The requests of the backend's last batch (each with ``rid`` and ``output_ids``)."""
+        return backend.last_batch
+
+    def on_step_begin(self, clock_ns: int) -> None:
+        self._set_clock(clock_ns)
+
+    def on_arrival(self, wreq, clock_ns: int) -> None:
+        self.times[self.key(wreq.rid)] = RequestTimes(wreq.arrival_ns)
+
+    def on_finish(self, wreq, req, clock_ns: int, reason: str) -> None:
+        t = self.times[self.key(wreq.rid)]
+        t.finish_ns, t.reason = clock_ns, reason
+        self.done += 1
+
+    def on_step(self, step: StepRecord, backend: Any) -> None:
+        self.sched_cpu_ns += step.cpu_ns
+        if step.mode == "prefill":
+            start = step.clock_ns - step.step_ns
+            times = self.times
+            for req in self.batch_of(backend):
+                t = times[req.rid]
+                if t.scheduled_ns < 0:
+                    t.scheduled_ns = start
+                if t.first_token_ns < 0 and req.output_ids:
+                    t.first_token_ns = step.clock_ns
+        if self.on_progress is not None:
+            self.on_progress(self.done, step.clock_ns)
+
+
+def refuse_existing_trace(out: Path) -> None:
+    """Raise ValueError when ``out`` already holds a trace (a run never writes over one)."""
+    if (out / "manifest.json").exists():
+        raise ValueError(f"{out} already holds a trace; choose a new --out")
+
+
+def record_trace(workload: Any, out: str | Path, run_loop: Callable[[RunObserver], RunResult], *,
+                 source: str, server: dict, env: dict, detail: str, flush_interval_ms: int,
+                 manifest_extra: dict | None, on_progress: Callable[[int, int], None] | None,
+                 observer_cls: type[RunObserver] = RunObserver) -> RecordedRun:
+    """The recording lifecycle both backends share: start the recorder at ``out`` on the manual
+    (virtual) clock, run the loop, stop the recorder, merge ``manifest_extra`` into the manifest.
+
+    Args:
+        workload: the workload (``requests``, ``hash_block_tokens``).
+        out: trace directory to create.
+        run_loop: builds the backend, runs it under the given observer and returns its result.
+        source, server, env, detail, flush_interval_ms: the recorder's (``tracer.start``).
+        manifest_extra: keys merged into the trace's manifest (e.g. the run's ``kvtrace`` block).
+        on_progress: called after every step with (requests completed, virtual clock ns).
+        observer_cls: the backend's :class:`RunObserver`.
+    Returns:
+        :class:`RecordedRun` (``result``, ``times``, ``sched_cpu_ns``, ``wall_ns``,
+        ``first_arrival_ns``; the backend fills in the rest).
+    Raises:
+        Interrupted: SIGINT (or SIGTERM turned into a KeyboardInterrupt by the CLI); the trace is
+            kept, its rank file says interrupted.
+        RecordingFailed: the recorder failed; its rank file says crashed.
+    """
+    import tracer
+
+    out = Path(out)
+    t0 = perf_counter_ns()
+    rec, observer, ended = None, None, "crashed"
+    try:
+        rec = tracer.start(out, source=source, server=server, hash_block_tokens=workload.hash_block_tokens,
+                           env=env, detail=detail, flush_interval_ms=flush_interval_ms, clock="manual")
+        observer = observer_cls(tracer.set_clock, on_progress)  # start binds the recorder's set_clock
+        try:
+            result = run_loop(observer)
+            ended = "complete"
+        except KeyboardInterrupt:
+            ended = "interrupted"
+            raise
+        finally:
+            tracer.stop(ended)
+    except KeyboardInterrupt as e:
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        done = observer.done if observer is not None else 0
+        raise Interrupted(sig, f"{out}: interrupted by {sig} after {done} of {len(workload.requests)} requests; "
+                               "what was recorded is kept and its rank file says interrupted") from None
+    wall_ns = perf_counter_ns() - t0
+    first = min((w.arrival_ns for w in workload.requests), default=0)
+    recorded = RecordedRun(result=result, times={int(k): v for k, v in observer.times.items()},
+                           sched_cpu_ns=observer.sched_cpu_ns, wall_ns=wall_ns, first_arrival_ns=first)
+    if getattr(rec, "failed", None):
+        raise RecordingFailed(f"{out}: the recording failed ({rec.failed}); the events it could not write are "
+                              "counted in the drops family and its rank file says crashed "
+                              "(see `kvtrace inspect --strict`)", recorded)
+    if manifest_extra:
+        from tracer.schema.manifest import update_manifest
+
+        update_manifest(out, lambda m: m.update(manifest_extra))
+    return recorded
 
 
 class Backend(Protocol):
@@ -148,5 +284,5 @@ class BackendModule(Protocol):
                    on_progress: Callable[[int, int], None] | None = None) -> RecordedRun: ...
 
 
-__all__ = ["FINISH_REASONS", "Backend", "BackendModule", "LoopObserver", "RecordedRun", "RequestTimes",
-           "RunResult", "StepRecord"]
+__all__ = ["FINISH_REASONS", "Backend", "BackendModule", "LoopObserver", "RecordedRun", "RecordingFailed",
+           "RequestTimes", "RunObserver", "RunResult", "StepRecord", "record_trace", "refuse_existing_trace"]

@@ -29,7 +29,8 @@ from replay.record import BACKENDS, record_workload, signals_as_interrupts
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (backend.json).")
 def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], detail: str,
            check_every: int, incident: str, incident_every: int, as_json: bool) -> None:
-    """Run WORKLOAD through the real-code BACKEND with the tracer hooks on; write the trace to OUT."""
+    """Run WORKLOAD through BACKEND (sglang: the real classes with the tracer hooks on; reference: the
+    reference model emitting the same rows); write the trace to OUT."""
     if incident:
         from replay.backends.sglang.incidents import check_incident
 

@@ -1,53 +1,16 @@
 """One recorded run of the reference backend (the ``record_run`` contract of
-:mod:`replay.backends.sglang.run`): the workload through the reference scheduler on the virtual
-clock, emitted through the tracer's API into a schema-v1 trace at ``out``."""
+:mod:`replay.backends.base`): the workload through the reference scheduler on the virtual clock,
+emitted through the tracer's API into a schema-v1 trace at ``out`` by the shared recording
+lifecycle (:func:`replay.backends.base.record_trace`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from time import perf_counter_ns
 from typing import Callable
 
-from replay.backends.base import RecordedRun, RequestTimes, StepRecord
+from replay.backends.base import RecordedRun, record_trace, refuse_existing_trace
 from replay.backends.reference.scheduler import ReferenceBackend
 from replay.backends.reference.settings import ReferenceSettings, from_knobs
-
-
-class _Observer:
-    """Moves the trace clock with the loop and notes admission, first token and finish times."""
-
-    def __init__(self, on_progress: Callable[[int, int], None] | None) -> None:
-        import tracer
-
-        self._tracer = tracer
-        self.times: dict[int, RequestTimes] = {}
-        self.sched_cpu_ns = 0
-        self.on_progress = on_progress
-        self.done = 0
-
-    def on_step_begin(self, clock_ns: int) -> None:
-        self._tracer.set_clock(clock_ns)
-
-    def on_arrival(self, wreq, clock_ns: int) -> None:
-        self.times[int(wreq.rid)] = RequestTimes(wreq.arrival_ns)
-
-    def on_finish(self, wreq, req, clock_ns: int, reason: str) -> None:
-        t = self.times[int(wreq.rid)]
-        t.finish_ns, t.reason = clock_ns, reason
-        self.done += 1
-
-    def on_step(self, step: StepRecord, backend: ReferenceBackend) -> None:
-        self.sched_cpu_ns += step.cpu_ns
-        if step.mode == "prefill":
-            start = step.clock_ns - step.step_ns
-            for req in backend.last_batch:
-                t = self.times[req.rid]
-                if t.scheduled_ns < 0:
-                    t.scheduled_ns = start
-                if t.first_token_ns < 0 and req.output_ids:
-                    t.first_token_ns = step.clock_ns
-        if self.on_progress is not None:
-            self.on_progress(self.done, step.clock_ns)
 
 
 def settings_from_knobs(values: dict) -> ReferenceSettings:
@@ -73,33 +36,20 @@ def record_run(workload, settings: ReferenceSettings, out: str | Path, *, detail
         :class:`replay.backends.base.RecordedRun`.
     Raises:
         ValueError: ``out`` already holds a trace.
+        Interrupted, RecordingFailed: see :func:`replay.backends.base.record_trace`.
     """
-    import tracer
-
     out = Path(out)
-    if (out / "manifest.json").exists():
-        raise ValueError(f"{out} already holds a trace; choose a new --out")
-    t0 = perf_counter_ns()
-    env = {"KVTRACE_BACKEND": "reference", "SGLANG_SWA_EVICTION_INTERVAL": str(settings.swa_eviction_interval_tokens)}
-    tracer.start(out, source="reference-backend", server=settings.server(), hash_block_tokens=workload.hash_block_tokens,
-                 env=env, detail=detail, flush_interval_ms=flush_interval_ms, clock="manual")
-    observer = _Observer(on_progress)
-    ok = False
-    try:
+    refuse_existing_trace(out)
+
+    def run_loop(observer):
         with ReferenceBackend(workload, settings, observer=observer,
                               check_integrity_every=check_integrity_every) as be:
-            result = be.run()
-        ok = True
-    finally:
-        tracer.stop("complete" if ok else "crashed")
-    wall_ns = perf_counter_ns() - t0
-    if manifest_extra:
-        from tracer.schema.manifest import update_manifest
+            return be.run()
 
-        update_manifest(out, lambda m: m.update(manifest_extra))
-    first = min((w.arrival_ns for w in workload.requests), default=0)
-    return RecordedRun(result=result, times=dict(observer.times), sched_cpu_ns=observer.sched_cpu_ns,
-                       wall_ns=wall_ns, first_arrival_ns=first)
+    env = {"KVTRACE_BACKEND": "reference", "SGLANG_SWA_EVICTION_INTERVAL": str(settings.swa_eviction_interval_tokens)}
+    return record_trace(workload, out, run_loop, source="reference-backend", server=settings.server(), env=env,
+                        detail=detail, flush_interval_ms=flush_interval_ms, manifest_extra=manifest_extra,
+                        on_progress=on_progress)
 
 
 __all__ = ["record_run", "settings_from_knobs"]

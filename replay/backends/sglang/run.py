@@ -1,66 +1,43 @@
 """One recorded run of the real-code backend: a workload through the real sglang classes with the
 tracer hooks on, written as a schema-v1 trace (what ``kvtrace replay`` and ``sweep`` produce).
 
-:func:`record_run` is the backend half of :func:`replay.runs.replay_run`: it owns the tracer
-(start, hooks, stop), the loop and the per-request timing the summary needs (arrival, first
-admission, first token, finish on the virtual clock). Everything the real code does reaches the
+:func:`record_run` is the backend half of :func:`replay.runs.replay_run` and of
+:func:`replay.record.record_workload`: it owns the tracer hooks and the loop; the recorder's
+start and stop and the per-request timing the summary needs (arrival, first admission, first
+token, finish on the virtual clock) are the lifecycle both backends share
+(:func:`replay.backends.base.record_trace`). Everything the real code does reaches the
 trace through the hooks; the loop itself writes only the finish rows of requests it refuses
 without KV.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from time import perf_counter_ns
-from typing import Callable
+from typing import Callable, Iterator
 
-from replay.backends.base import RecordedRun, RequestTimes, StepRecord
+from replay.backends.base import RecordedRun, RecordingFailed, RunObserver, record_trace, refuse_existing_trace
 from replay.backends.sglang.loop import SglangBackend
 from replay.backends.sglang.settings import SglangSettings
 from replay.backends.sglang.workload import Workload
 
 
-class _Observer:
-    """Moves the trace clock with the loop, writes finish rows no real method writes, and notes
-    each request's admission, first token and finish on the virtual clock."""
+class _Observer(RunObserver):
+    """The shared run observer over the real ``Req`` objects (string ids), which also writes the
+    finish rows no real method writes."""
 
-    def __init__(self, on_progress: Callable[[int, int], None] | None) -> None:
-        import tracer
+    key = str
 
-        self._set_clock = tracer.set_clock
-        self.times: dict[str, RequestTimes] = {}
-        self.sched_cpu_ns = 0
-        self.on_progress = on_progress
-        self.done = 0
-
-    def on_step_begin(self, clock_ns: int) -> None:
-        self._set_clock(clock_ns)
-
-    def on_arrival(self, wreq, clock_ns: int) -> None:
-        self.times[str(wreq.rid)] = RequestTimes(wreq.arrival_ns)
+    def batch_of(self, backend: SglangBackend):
+        return backend.last_batch.reqs
 
     def on_finish(self, wreq, req, clock_ns: int, reason: str) -> None:
         if reason in ("too_long", "unschedulable"):
-            from tracer.sglang import requests, state
+            # Never held KV, so release_kv_cache (whose hook writes finish rows) never runs.
+            from tracer.sglang.runtime import requests, state
 
             requests.emit_finish(req, state.rid_of(req))
-        t = self.times[str(wreq.rid)]
-        t.finish_ns, t.reason = clock_ns, reason
-        self.done += 1
-
-    def on_step(self, step: StepRecord, backend: SglangBackend) -> None:
-        self.sched_cpu_ns += step.cpu_ns
-        if step.mode == "prefill":
-            start = step.clock_ns - step.step_ns
-            times = self.times
-            for req in backend.last_batch.reqs:
-                t = times[req.rid]
-                if t.scheduled_ns < 0:
-                    t.scheduled_ns = start
-                if t.first_token_ns < 0 and req.output_ids:
-                    t.first_token_ns = step.clock_ns
-        if self.on_progress is not None:
-            self.on_progress(self.done, step.clock_ns)
+        super().on_finish(wreq, req, clock_ns, reason)
 
 
 def settings_from_knobs(values: dict) -> SglangSettings:
@@ -70,9 +47,39 @@ def settings_from_knobs(values: dict) -> SglangSettings:
     return from_knobs(values)
 
 
+@contextmanager
+def _hooks(detail: str) -> Iterator[dict]:
+    """The tracer hooks at ``detail`` for one trace; yields the dict that gets the hook failures.
+
+    Hooks another caller installed are given back at their level afterwards.
+    """
+    import tracer.sglang
+    from tracer.sglang.runtime import state as hook_state
+
+    installed_here = not tracer.sglang.is_installed()
+    level_before = tracer.sglang.installed_level()
+    tracer.sglang.install(detail=detail)
+    # Offline recording: a stats row at every step where anything changed (a server samples
+    # at most every 10 ms of wall time), so the trace is complete and deterministic.
+    cadence = tracer.sglang.configure()
+    tracer.sglang.configure(stats_interval_ms=0)
+    hook_state.new_trace()  # request ids and forward_ct are per trace
+    failures: dict = {}
+    try:
+        yield failures
+    finally:
+        failures.update(tracer.sglang.failures)
+        tracer.sglang.configure(**cadence)
+        if installed_here:
+            tracer.sglang.uninstall()
+        elif tracer.sglang.installed_level() != level_before:
+            tracer.sglang.install(detail=level_before)
+
+
 def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *, detail: str = "counts",
                manifest_extra: dict | None = None, on_progress: Callable[[int, int], None] | None = None,
-               flush_interval_ms: int = 1000, check_integrity_every: int = 0) -> RecordedRun:
+               flush_interval_ms: int = 1000, check_integrity_every: int = 0, incident: str = "",
+               incident_every: int = 7) -> RecordedRun:
     """Run ``workload`` through the real classes under ``settings`` and record the trace at ``out``.
 
     Args:
@@ -84,76 +91,52 @@ def record_run(workload: Workload, settings: SglangSettings, out: str | Path, *,
         on_progress: called after every step with (requests completed, virtual clock ns).
         flush_interval_ms: recorder flush interval.
         check_integrity_every: check the occupancy identity every N steps (0 = never).
+        incident: plant a bug reproduction of ``replay.backends.sglang.incidents`` ("" = none).
+        incident_every: the planted bug fires on every N-th eligible call.
     Returns:
-        :class:`RecordedRun`.
+        :class:`RecordedRun` with the applied patches, hook failures, sglang version, the
+        bootstrap's ``host_copy_noops`` / ``stubbed`` and the planted incident's counter.
     Raises:
-        ValueError: ``out`` already holds a trace.
+        ValueError: ``out`` already holds a trace, or an unknown incident.
+        Interrupted, RecordingFailed: see :func:`replay.backends.base.record_trace` (a
+            RecordingFailed's run is filled in as a returned one would be).
     """
     from replay.backends.sglang.env import bootstrap
+    from replay.backends.sglang.incidents import apply_incident
     from replay.backends.sglang.patches import PATCHES
 
     out = Path(out)
-    if (out / "manifest.json").exists():
-        raise ValueError(f"{out} already holds a trace; choose a new --out")
+    refuse_existing_trace(out)
     info = bootstrap()
+    planted: dict = {}
 
-    import tracer
-    import tracer.sglang
-    from tracer.sglang import state as hook_state
+    def run_loop(observer):
+        with SglangBackend(workload, settings, observer=observer, debug_memory_pool=False,
+                           check_integrity_every=check_integrity_every) as be, \
+                apply_incident(incident, incident_every) as counter:
+            result = be.run()
+        planted.update(counter)
+        return result
 
-    installed_here = not tracer.sglang.is_installed()
-    level_before = tracer.sglang.installed_level()  # hooks another caller installed: restored after
-    tracer.sglang.install(detail=detail)
-    cadence = tracer.sglang.configure()
-    tracer.sglang.configure(stats_interval_ms=0)  # a stats row at every changed step
-    hook_state.new_trace()
-    t0 = perf_counter_ns()
-    rec, ended = None, "crashed"
-    try:
-        env = dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0")
-        rec = tracer.start(out, source="sglang-backend", server=settings.server(sglang_version=info.sglang_version),
-                           hash_block_tokens=workload.hash_block_tokens, env=env, detail=detail,
-                           flush_interval_ms=flush_interval_ms, clock="manual")
-        observer = _Observer(on_progress)
+    failed = None
+    with _hooks(detail) as failures:
         try:
-            with SglangBackend(workload, settings, observer=observer, debug_memory_pool=False,
-                               check_integrity_every=check_integrity_every) as be:
-                result = be.run()
-            ended = "complete"
-        except KeyboardInterrupt:  # SIGINT (or SIGTERM turned into one by the CLI)
-            ended = "interrupted"
-            raise
-        finally:
-            tracer.stop(ended)
-    except KeyboardInterrupt as e:
-        from replay.errors import Interrupted
-
-        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
-        raise Interrupted(sig, f"{out}: replay interrupted by {sig}; what was recorded is kept and its "
-                               "rank file says interrupted") from None
-    finally:
-        failures = dict(tracer.sglang.failures)
-        tracer.sglang.configure(**cadence)
-        if installed_here:
-            tracer.sglang.uninstall()
-        elif tracer.sglang.installed_level() != level_before:
-            tracer.sglang.install(detail=level_before)
-    if rec is not None and getattr(rec, "failed", None):
-        from replay.errors import DataLostError
-
-        raise DataLostError(f"{out}: the recording failed ({rec.failed}); the events it could not write are "
-                            "counted in the drops family and its rank file says crashed")
-    wall_ns = perf_counter_ns() - t0
-    if manifest_extra:
-        from tracer.schema.manifest import update_manifest
-
-        update_manifest(out, lambda m: m.update(manifest_extra))
-    applied = [p.__dict__ for p in PATCHES if getattr(settings, p.setting) == p.value]
-    times = {int(k): v for k, v in observer.times.items()}
-    first = min((w.arrival_ns for w in workload.requests), default=0)
-    return RecordedRun(result=result, times=times, sched_cpu_ns=observer.sched_cpu_ns, wall_ns=wall_ns,
-                       first_arrival_ns=first, patches=applied, hook_failures=failures,
-                       sglang_version=info.sglang_version)
+            recorded = record_trace(
+                workload, out, run_loop, source="sglang-backend",
+                server=settings.server(sglang_version=info.sglang_version),
+                env=dict(settings.env(), SGLANG_DEBUG_MEMORY_POOL="0"), detail=detail,
+                flush_interval_ms=flush_interval_ms, manifest_extra=manifest_extra, on_progress=on_progress,
+                observer_cls=_Observer)
+        except RecordingFailed as e:
+            recorded, failed = e.recorded, e
+    recorded.patches = [p.__dict__ for p in PATCHES if getattr(settings, p.setting) == p.value]
+    recorded.hook_failures = failures
+    recorded.sglang_version = info.sglang_version
+    recorded.backend_info = {"host_copy_noops": list(info.noops), "stubbed": list(info.stubbed)}
+    recorded.incident = planted if incident else {}
+    if failed is not None:
+        raise failed
+    return recorded
 
 
-__all__ = ["RecordedRun", "RequestTimes", "record_run", "settings_from_knobs"]
+__all__ = ["RecordedRun", "record_run", "settings_from_knobs"]
