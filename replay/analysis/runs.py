@@ -1,9 +1,9 @@
 """``compare_runs``: one row per run from each run's ``summary.json``.
 
-A run is a trace directory plus ``summary.json`` (written by ``replay.runs``). A sweep directory
-holds runs in a hive layout ``RUNS/policy=<p>/<k>=<v>/``; the ``k=v`` parts of a run's path
-become columns (as strings) next to the summary's metrics and its flattened ``settings``
-(``set.<name>``).
+A run is a trace directory plus ``summary.json`` (written by ``replay.runs``, found by
+:func:`replay.runs.compare.find_runs`). A sweep directory holds runs in a hive layout
+``RUNS/policy=<p>/<k>=<v>/``; the ``k=v`` parts of a run's path become columns (as strings)
+next to the summary's metrics and its flattened ``settings`` (``set.<name>``).
 """
 
 from __future__ import annotations
@@ -12,27 +12,8 @@ import json
 import os
 from pathlib import Path
 
-SUMMARY_FILE = "summary.json"
-
-
-def find_runs(runs) -> list[Path]:
-    """Run directories from a run, a sweep directory, or an iterable of either."""
-    if isinstance(runs, (str, os.PathLike)):
-        runs = [runs]
-    out: list[Path] = []
-    for r in runs:
-        p = Path(r)
-        if (p / SUMMARY_FILE).is_file():
-            out.append(p)
-        elif p.is_dir():
-            found = sorted(s.parent for s in p.rglob(SUMMARY_FILE))
-            if not found:
-                raise FileNotFoundError(f"{p}: no {SUMMARY_FILE} below it; expected a run directory "
-                                        f"(trace + {SUMMARY_FILE}) or a sweep directory of runs")
-            out.extend(found)
-        else:
-            raise FileNotFoundError(f"{p}: not a directory; expected a run or sweep directory")
-    return out
+from replay.runs.compare import find_runs
+from replay.runs.replay import SUMMARY_FILE
 
 
 def load_summary(run: Path) -> dict:

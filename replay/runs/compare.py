@@ -3,9 +3,11 @@ figure's change against a base policy (at the same grid point)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from replay.runs.replay import SUMMARY_FILE, RunError, read_summary
+from replay.runs.sweep import PARTIAL_DIR
 
 #: the figures ``compare`` shows, in order (``summary.json`` keys)
 FIGURES = ("requests", "finished", "peak_full_used", "peak_swa_used", "mean_swa_used",
@@ -14,17 +16,33 @@ FIGURES = ("requests", "finished", "peak_full_used", "peak_swa_used", "mean_swa_
            "host_alloc_cpu_ns", "host_free_cpu_ns", "sched_cpu_ns", "sim_s", "wall_s")
 
 
-def find_runs(path: str | Path) -> list[Path]:
-    """Run directories under ``path`` (itself a run, or a sweep/any folder of runs), sorted."""
-    root = Path(path)
-    if not root.is_dir():
-        raise RunError(f"{root}: not a directory; expected a run (kvtrace replay --out) or a sweep")
-    if (root / SUMMARY_FILE).is_file():
-        return [root]
-    runs = sorted(p.parent for p in root.rglob(SUMMARY_FILE) if ".partial" not in p.parts)
-    if not runs:
-        raise RunError(f"{root}: no {SUMMARY_FILE} below it; expected runs of kvtrace replay or sweep")
-    return runs
+class RunsNotFound(RunError, FileNotFoundError):
+    """No run where one was expected: a path that is neither a run nor a folder holding runs."""
+
+
+def find_runs(runs) -> list[Path]:
+    """Run directories (trace + ``summary.json``) from a run, a sweep or any folder of runs, or an
+    iterable of these; a folder's runs are sorted, a sweep's unfinished ``.partial`` runs left out.
+
+    Raises:
+        RunsNotFound: a path that is not a directory, or a folder without any run below it.
+    """
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    out: list[Path] = []
+    for r in runs:
+        root = Path(r)
+        if not root.is_dir():
+            raise RunsNotFound(f"{root}: not a directory; expected a run (kvtrace replay --out) or a sweep")
+        if (root / SUMMARY_FILE).is_file():
+            out.append(root)
+            continue
+        found = sorted(p.parent for p in root.rglob(SUMMARY_FILE) if PARTIAL_DIR not in p.parts)
+        if not found:
+            raise RunsNotFound(f"{root}: no {SUMMARY_FILE} below it; expected a run (kvtrace replay --out) "
+                               "or a sweep directory of runs")
+        out.extend(found)
+    return out
 
 
 def compare(path, *, base: str | None = None):
@@ -42,7 +60,7 @@ def compare(path, *, base: str | None = None):
     """
     import polars as pl
 
-    dirs = [Path(p) for p in path] if isinstance(path, (list, tuple)) else find_runs(path)
+    dirs = find_runs(path)
     roots = Path(path) if not isinstance(path, (list, tuple)) else None
     rows = []
     for d in dirs:
@@ -110,4 +128,4 @@ def _num(v) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-__all__ = ["FIGURES", "compare", "find_runs", "format_table"]
+__all__ = ["FIGURES", "RunsNotFound", "compare", "find_runs", "format_table"]
