@@ -89,28 +89,37 @@ def import_group():
     """Import a public request trace (JSONL) as a workload."""
 
 
-@import_group.command("mooncake")
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
-@click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def import_mooncake_cmd(file, out, force):
-    """Import a Mooncake trace: JSONL of timestamp (ms), input_length, output_length, hash_ids (512-token blocks)."""
-    from replay.workloads.mooncake import import_mooncake
+#: ``kvtrace workload import NAME``: (module, function, help) of each public-trace importer; each
+#: is called as ``function(file, out, overwrite=, progress=)``.
+_IMPORTERS = {
+    "mooncake": ("replay.workloads.mooncake", "import_mooncake",
+                 "Import a Mooncake trace: JSONL of timestamp (ms), input_length, output_length, hash_ids "
+                 "(512-token blocks)."),
+    "bailian": ("replay.workloads.bailian", "import_bailian",
+                "Import a Qwen-Bailian trace: JSONL of chat_id, parent_chat_id, timestamp (s), input_length, "
+                "output_length, turn, type, hash_ids (16-token blocks)."),
+}
 
-    path = _run(import_mooncake, file, out, overwrite=force, progress=_PROGRESS)
-    click.echo(f"imported {file} to {path}", err=True)
+
+def _import_command(name: str, module: str, function: str, doc: str) -> click.Command:
+    """The ``workload import NAME FILE --out W [--force]`` command of one importer."""
+
+    @import_group.command(name, help=doc)
+    @click.argument("file", type=click.Path(dir_okay=False))
+    @click.option("--out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
+    @click.option("--force", is_flag=True, help="Replace --out if it exists.")
+    def command(file, out, force):
+        import importlib
+
+        importer = getattr(importlib.import_module(module), function)
+        path = _run(importer, file, out, overwrite=force, progress=_PROGRESS)
+        click.echo(f"imported {file} to {path}", err=True)
+
+    return command
 
 
-@import_group.command("bailian")
-@click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Workload directory to create.")
-@click.option("--force", is_flag=True, help="Replace --out if it exists.")
-def import_bailian_cmd(file, out, force):
-    """Import a Qwen-Bailian trace: JSONL of chat_id, parent_chat_id, timestamp (s), input_length, output_length, turn, type, hash_ids (16-token blocks)."""
-    from replay.workloads.bailian import import_bailian
-
-    path = _run(import_bailian, file, out, overwrite=force, progress=_PROGRESS)
-    click.echo(f"imported {file} to {path}", err=True)
+for _name, (_module, _function, _doc) in _IMPORTERS.items():
+    _import_command(_name, _module, _function, _doc)
 
 
 @workload.group("export")
