@@ -96,16 +96,20 @@ class Trace:
             segs = [s for s in self.segments if s.family == family and s.rank == r]
             t = pa.concat_tables([_read_segment(s.path, fam) for s in segs])
             if family == "request":
-                t = self._expand_requests(t, segs)
+                t = self._expand_requests(t, segs, r)
             parts.append(t.append_column("rank", pa.array([r] * t.num_rows, pa.int32())))
         if not parts:
             return fam.arrow_schema(stored=True).append(pa.field("rank", pa.int32())).empty_table()
         return pa.concat_tables(parts)
 
-    def _expand_requests(self, t: pa.Table, segs: list[Segment]) -> pa.Table:
+    def _expand_requests(self, t: pa.Table, segs: list[Segment], rank: int) -> pa.Table:
         from tracer.schema.prefixes import expand_request_table
 
-        t, lost = expand_request_table(t)
+        salt = _chain_salt(segs)
+        try:
+            t, lost = expand_request_table(t, salt=salt, rank=rank)
+        except ValueError as e:
+            raise TraceError(f"{segs[0].path.parent}: {e}") from None
         where = str(segs[0].path.parent)
         for msg in lost:
             p = Problem("prefix", where, msg)
@@ -122,6 +126,8 @@ class Trace:
             names = pf.schema_arrow.names
             if any(c.name not in names for c in fam.columns):
                 return True
+            if family == "request" and _chain_salt([s]) is not None:
+                return True  # compacted: block values are synthesized by the reader
             if family == "request" and pf.metadata.num_rows:
                 blocks = pf.read(columns=["prefix_blocks"]).column(0)
                 if (pa.compute.max(blocks).as_py() or 0) > 0:
@@ -233,6 +239,23 @@ class Trace:
     @property
     def num_dropped(self) -> int:
         return int(sum(r for r in self.table("drops").column("num_events").to_pylist()))
+
+
+def _chain_salt(segs: list[Segment]) -> int | None:
+    """The chain salt of a rank's compacted request files (``kvtrace compact``); None: stored as
+    hashes. Raises TraceError when the files disagree."""
+    from tracer.schema.prefixes import SALT_META
+
+    salts = {(pq.read_schema(s.path).metadata or {}).get(SALT_META) for s in segs}
+    if len(salts) > 1:
+        raise TraceError(f"{segs[0].path.parent}: request files with different chain salts "
+                         f"{sorted(str(x) for x in salts)}; expected one per rank (`kvtrace compact`)")
+    salt = salts.pop() if salts else None
+    try:
+        return None if salt is None else int(salt)
+    except ValueError:
+        raise TraceError(f"{segs[0].path.parent}: chain salt {salt!r} in the file metadata; expected "
+                         "an integer") from None
 
 
 def _check_family(family: str) -> str:

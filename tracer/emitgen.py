@@ -24,7 +24,8 @@ _EMITS = {
     "stats": "forward_ct, pool, capacity, available, evictable, protected, held",
     "request": (
         "event, rid, session_id=-1, turn=-1, input_len=0, output_len=-1, max_new_tokens=0, "
-        "cached_len=-1, rid_str='', page_hashes=None, prefix_rid=-1, prefix_blocks=0"
+        "cached_len=-1, rid_str='', page_hashes=None, prefix_rid=-1, prefix_blocks=0, new_blocks=-1, "
+        "tip_hash=0"
     ),
     "drops": "family, first_seq, last_seq, num_events, reason, detail=''",
 }

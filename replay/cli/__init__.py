@@ -33,6 +33,7 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.cli.sweep", "sweep_cmd"),
     ("replay.cli.compare", "compare_cmd"),
     ("replay.cli.diff", "diff_cmd"),
+    ("replay.cli.compact", "compact_cmd"),
 ]
 
 

@@ -77,6 +77,7 @@ def workload_manifest(hash_block_tokens: int, workload: dict, *, page_hash: str 
         "ranks": [0],
         "options": {},
         "workload": workload,
+        "chain_storage": "hashes",
     }
     assert list(m) == list(MANIFEST_KEYS), "manifest keys drifted from tracer.schema"
     return m
@@ -120,6 +121,8 @@ def request_table(cols: RequestColumns) -> pa.Table:
         "page_hashes": hashes,
         "prefix_rid": pa.array(prefix_rid, pa.int64()),
         "prefix_blocks": pa.array(prefix_blocks, pa.int32()),
+        "new_blocks": pa.array(np.full(n, -1, dtype=np.int32)),  # hashes stored (1.2: not compacted)
+        "tip_hash": pa.array(np.zeros(n, dtype=np.uint64)),
     }
     assert list(data) == REQUEST.column_names
     return pa.table(data)

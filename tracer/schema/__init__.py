@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 PRODUCER = "kvtrace"
 
@@ -208,6 +208,11 @@ REQUEST = Family(
            "q", default=-1),
         _c("prefix_blocks", I32, "Leading hashes equal to `prefix_rid`'s, not stored again (since 1.1).",
            "i", default=0),
+        _c("new_blocks", I32, "Compacted traces: blocks after `prefix_blocks`, not stored (readers "
+           "synthesize them from their position); -1: they are in `page_hashes` (since 1.2).",
+           "i", default=-1),
+        _c("tip_hash", U64, "Compacted traces: the original chain hash of the prompt's last block, to "
+           "compare prompts across traces; 0 otherwise (since 1.2).", "Q", default=0),
     ),
 )
 
@@ -323,7 +328,7 @@ def family(name: str) -> Family:
 MANIFEST_FILE = "manifest.json"
 
 MANIFEST_KEYS: dict[str, str] = {
-    "schema_version": "Schema version of every file in the trace ('1.1'; '1.0' still reads).",
+    "schema_version": "Schema version of every file in the trace ('1.2'; '1.0' and '1.1' still read).",
     "producer": "{'name': 'kvtrace', 'version': ..., 'source': 'tracer'|'workload'|'sglang-hooks'|...}.",
     "created_unix_ns": "Wall-clock time the trace was created.",
     "clock": "{'monotonic_ns': M, 'unix_ns': U}: ts_ns = monotonic_ns - M; unix = U + ts_ns.",
@@ -341,6 +346,11 @@ MANIFEST_KEYS: dict[str, str] = {
     "ranks": "List of ranks recorded (also ranks/rank=<r>.json per process).",
     "options": "Recorder options (buffer sizes, flush interval, detail).",
     "workload": "Workload generator/import parameters (workload traces only).",
+    "chain_storage": (
+        "How request chains are stored: 'hashes' (also when absent: the new blocks' hashes) or "
+        "'positions' (`kvtrace compact`: a count of new blocks; readers synthesize their values "
+        "with the salt in each request file's metadata, kvtrace.chain_salt)."
+    ),
 }
 
 SERVER_KEYS = (

@@ -23,6 +23,15 @@ equal identity at block j means equal hashes 0..j, whatever function made the ha
 - :func:`encode_chains`: offline (the workload writer): every earlier chain, exactly.
 - :func:`expand_chains` / :func:`expand_request_table`: the one decoder (``replay.trace``).
 
+Schema 1.2, *positions* storage (``kvtrace compact``, ``replay.compact``): with the whole trace in
+view every repeated block is a reference, so a new block needs no stored value: its identity is
+its position (the row that introduced it, block index). Such a row stores ``new_blocks`` (>= 0)
+and an empty ``page_hashes``; the reader gives block ``p`` of row ``i`` the value
+:func:`synth_values` ``(salt, rank, seq_i, p)``, a bijection of ``(seq, p)`` (``seq`` < 2**40,
+``p`` < 2**24), so values are distinct within a rank by construction and readers see the same
+equality structure as the original chains (not the same values; ``tip_hash`` keeps the original
+hash of the last block). The salt is in each compacted file's metadata (:data:`SALT_META`).
+
 numpy, pyarrow and the standard library only (runs inside the server).
 """
 
@@ -32,13 +41,39 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracer.schema.hashing import chain
+from tracer.schema.hashing import chain, fmix64
 
 U64 = np.uint64
 _POS_BITS = 24  # block position within a prompt (2**24 blocks = 268 M tokens at 16 per block)
 _POS_MASK = (1 << _POS_BITS) - 1
 _MAX_RID = (1 << (63 - _POS_BITS)) - 1
 DEFAULT_SLOTS = 1 << 20  # 16 MiB; ``KVTRACE_PREFIX_SLOTS`` in the hooks
+SALT_META = b"kvtrace.chain_salt"  # Parquet schema metadata of a compacted request file (decimal)
+SEQ_BITS = 40  # synthesized values: (seq << 24 | block) must fit 64 bits
+_RANK_SALT = U64(0xA0761D6478BD642F)
+
+
+def synth_values(salt: int, rank: int, seqs, positions) -> np.ndarray:
+    """Synthesized uint64 value of block ``positions[k]`` introduced by the row of ``seqs[k]``.
+
+    ``fmix64(((seq << 24) | position) ^ K)`` with ``K`` mixed from the trace's salt and the rank:
+    fmix64 is a bijection, so distinct ``(seq, position)`` pairs of one rank never share a value.
+
+    Raises:
+        ValueError: a seq >= 2**40 or a position >= 2**24 (the pair would not fit 64 bits).
+    """
+    seqs = np.asarray(seqs, dtype=np.int64)
+    pos = np.asarray(positions, dtype=np.int64)
+    if len(seqs) and (int(seqs.min()) < 0 or int(seqs.max()) >= 1 << SEQ_BITS):
+        raise ValueError(f"seq {int(seqs.max())} outside 0..2**{SEQ_BITS}; expected smaller seqs to "
+                         "synthesize block values")
+    if len(pos) and (int(pos.min()) < 0 or int(pos.max()) > _POS_MASK):
+        raise ValueError(f"block position {int(pos.max())} outside 0..2**{_POS_BITS}; expected shorter prompts")
+    with np.errstate(over="ignore"):
+        k = fmix64(np.array([fmix64(np.array([int(salt) & ((1 << 64) - 1)], U64))[0] ^ _RANK_SALT], U64)
+                   + U64(int(rank) & ((1 << 64) - 1)))[0]
+        x = (seqs.astype(U64) << U64(_POS_BITS)) | pos.astype(U64)
+        return fmix64(x ^ k)
 
 
 class PrefixIndex:
@@ -264,21 +299,28 @@ def expand_chains(rids, seqs, prefix_rid, prefix_blocks, flat, offsets, valid=No
     return out, out_off, ok, problems
 
 
-def expand_request_table(table: pa.Table) -> tuple[pa.Table, list[str]]:
+def expand_request_table(table: pa.Table, *, salt: int | None = None, rank: int = 0) -> tuple[pa.Table, list[str]]:
     """A ``request`` table of one rank with every arrival's full chain in ``page_hashes``.
 
     Columns missing from older files are added with their defaults first; after expansion
-    ``prefix_rid`` is -1 and ``prefix_blocks`` 0 on every row (the chains are whole), so
-    expanding twice changes nothing. Rows whose chain cannot be rebuilt get null
-    ``page_hashes`` and a line in the returned problems.
+    ``prefix_rid`` is -1, ``prefix_blocks`` 0 and ``new_blocks`` -1 on every row (the chains are
+    whole), so expanding twice changes nothing; ``tip_hash`` is kept. Rows stored as positions
+    (``new_blocks >= 0``, a compacted trace) get :func:`synth_values` ``(salt, rank, ...)`` for
+    their new blocks. Rows whose chain cannot be rebuilt get null ``page_hashes`` and a line in
+    the returned problems.
+
+    Raises:
+        ValueError: rows stored as positions but no ``salt`` given (the file's metadata lacks it).
     """
     n = table.num_rows
-    if "prefix_rid" not in table.column_names:
-        table = table.append_column("prefix_rid", pa.array(np.full(n, -1, np.int64)))
-    if "prefix_blocks" not in table.column_names:
-        table = table.append_column("prefix_blocks", pa.array(np.zeros(n, np.int32)))
+    for name, value, typ in (("prefix_rid", -1, np.int64), ("prefix_blocks", 0, np.int32),
+                             ("new_blocks", -1, np.int32), ("tip_hash", 0, np.uint64)):
+        if name not in table.column_names:
+            table = table.append_column(name, pa.array(np.full(n, value, typ)))
     pblk = pc.fill_null(table.column("prefix_blocks"), 0).to_numpy()
-    if n == 0 or not (pblk > 0).any():
+    nblk = pc.fill_null(table.column("new_blocks"), -1).to_numpy().astype(np.int64)
+    positions = nblk >= 0
+    if n == 0 or not ((pblk > 0).any() or positions.any()):
         return table, []
     hashes = table.column("page_hashes").combine_chunks()
     valid = ~pc.is_null(hashes).to_numpy(zero_copy_only=False)
@@ -286,6 +328,12 @@ def expand_request_table(table: pa.Table) -> tuple[pa.Table, list[str]]:
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = pc.list_flatten(hashes).to_numpy(zero_copy_only=False).astype(U64)
+    if positions.any():
+        if salt is None:
+            raise ValueError("request rows stored as positions (new_blocks >= 0) but no chain salt; "
+                             f"expected {SALT_META.decode()} in the file's metadata")
+        flat, offsets = _with_synthesized(flat, offsets, valid & positions, nblk, pblk,
+                                          table.column("seq").to_numpy(), salt, rank)
     full, full_off, ok, problems = expand_chains(
         table.column("rid").to_numpy(), table.column("seq").to_numpy(),
         pc.fill_null(table.column("prefix_rid"), -1).to_numpy(), pblk, flat, offsets, valid)
@@ -298,4 +346,26 @@ def expand_request_table(table: pa.Table) -> tuple[pa.Table, list[str]]:
     table = table.set_column(names.index("page_hashes"), table.schema.field("page_hashes"), col)
     table = table.set_column(names.index("prefix_rid"), "prefix_rid", pa.array(np.full(n, -1, np.int64)))
     table = table.set_column(names.index("prefix_blocks"), "prefix_blocks", pa.array(np.zeros(n, np.int32)))
+    table = table.set_column(names.index("new_blocks"), "new_blocks", pa.array(np.full(n, -1, np.int32)))
     return table, problems
+
+
+def _with_synthesized(flat, offsets, synth, nblk, pblk, seqs, salt, rank):
+    """Stored hashes with each positions row's new blocks filled in (as if they were stored)."""
+    stored = np.diff(offsets)
+    if (stored[synth] > 0).any():
+        i = int(np.flatnonzero(synth & (stored > 0))[0])
+        raise ValueError(f"row with seq {int(seqs[i])}: new_blocks {int(nblk[i])} and {int(stored[i])} "
+                         "stored hashes; expected an empty page_hashes on a row stored as positions")
+    lengths = np.where(synth, nblk, stored)
+    out_off = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=out_off[1:])
+    out = np.empty(int(out_off[-1]), U64)
+    is_synth = np.repeat(synth, lengths)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    out[~is_synth] = flat  # plain rows keep their stored hashes, in order
+    if is_synth.any():
+        r = rows[is_synth]
+        pos = np.flatnonzero(is_synth) - out_off[r] + pblk[r]
+        out[is_synth] = synth_values(salt, rank, np.asarray(seqs, np.int64)[r], pos)
+    return out, out_off
