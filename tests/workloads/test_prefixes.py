@@ -17,7 +17,7 @@ from replay.trace import open_trace
 from replay.workloads.io import write_workload
 from replay.workloads.model import RequestColumns
 from replay.workloads.read import read_workload
-from tracer.schema import REQUEST, RequestEvent
+from tracer.schema import REQUEST, SCHEMA_VERSION, RequestEvent
 from tracer.schema.hashing import chain
 from tracer.schema.manifest import new_manifest, write_manifest
 from tracer.schema.prefixes import PrefixIndex, encode_chains, expand_chains, expand_request_table
@@ -117,7 +117,7 @@ def test_workload_files_round_trip_through_the_one_writer_and_reader(tmp_path_fa
     cols = _cols(keys)
     write_workload(d, cols, 16, {"shape": "test"})
     raw = pq.read_table(d / "request" / "rank=0" / "part-00000.parquet")
-    assert raw.schema.metadata[b"kvtrace.schema_version"] == b"1.1"
+    assert raw.schema.metadata[b"kvtrace.schema_version"] == SCHEMA_VERSION.encode()
     w = read_workload(d)
     assert _chains(w.columns.page_hashes, w.columns.hash_offsets) == _chains(cols.page_hashes, cols.hash_offsets)
     assert w.table.column("prefix_blocks").to_pylist() == [0] * len(keys)
@@ -137,7 +137,7 @@ def test_generated_multi_turn_is_written_in_the_new_form(generated, tmp_path):
 def _old_format_trace(d, lists):
     """A schema 1.0 request segment as written before 1.1 (no prefix columns)."""
     n = len(lists)
-    fields = [f for f in REQUEST.arrow_schema(stored=True) if f.name not in ("prefix_rid", "prefix_blocks")]
+    fields = [f for f in REQUEST.arrow_schema(stored=True) if f.name not in ("prefix_rid", "prefix_blocks", "new_blocks", "tip_hash")]
     schema = pa.schema(fields, metadata={b"kvtrace.schema_version": b"1.0", b"kvtrace.family": b"request"})
     t = pa.table({
         "ts_ns": pa.array(range(n), pa.int64()), "seq": pa.array(range(1, n + 1), pa.int64()),
