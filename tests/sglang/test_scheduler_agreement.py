@@ -192,15 +192,38 @@ def test_hicache_agrees(tmp_path):
     assert any(row[3] > 0 for row in views["cache"]), "no host hit: the case does not exercise HiCache"
 
 
-@pytest.mark.xfail(strict=True, reason="real Scheduler: a retract_decode OOM abort is not reported to the "
-                                       "backend loop, which then stalls (docs/sglang.md)")
+def _request_rows(trace_dir: Path) -> list[tuple]:
+    from replay.trace import open_trace
+
+    return open_trace(trace_dir).lazy("request").sort("seq").collect().drop("seq").rows()
+
+
 def test_real_scheduler_survives_an_oom_abort(tmp_path):
-    from replay.runs.replay import replay_run
+    """Differential case s1 (full pool 24, SWA 18, page 1): ``retract_decode`` aborts request 3,
+    out of memory even alone. sglang reports it only through ``send_abort_output`` (an
+    ``AbortReq`` to the tokenizer); the real-Scheduler backend reads it there and completes the
+    request as ``retract_oom`` where the mirror does, so the run ends as the mirror's does (it
+    used to stall with the request still active) and the traces agree."""
+    from replay.runs.replay import MEASURED, replay_run
     from tests.differential.cases import CASES, write_case_workload
 
     case = next(c for c in CASES if c.name.startswith("s1-"))
     write_case_workload(case, tmp_path / "wl")
-    mirror = replay_run(tmp_path / "wl", tmp_path / "m", policy="swa-fixes", sets=[*case.sets(), "scheduler=mirror"])
-    assert mirror.aborted >= 1  # the OOM abort happens
-    real = replay_run(tmp_path / "wl", tmp_path / "r", policy="swa-fixes", sets=[*case.sets(), "scheduler=real"])
-    assert (real.finished, real.aborted) == (mirror.finished, mirror.aborted)
+    runs = {}
+    for sched in ("mirror", "real"):
+        summary = replay_run(tmp_path / "wl", tmp_path / sched, policy="swa-fixes",
+                             sets=[*case.sets(), f"scheduler={sched}"])
+        assert summary.settings["scheduler"] == sched
+        runs[sched] = summary.to_dict()
+        for key in (*MEASURED, "run", "settings"):
+            runs[sched].pop(key)
+    mirror, real = runs["mirror"], runs["real"]
+    assert (mirror["requests"], mirror["finished"], mirror["aborted"], mirror["retractions"],
+            mirror["steps"]) == (24, 23, 1, 2, 285)
+    assert real == mirror
+    vm, vr = _views(tmp_path / "mirror"), _views(tmp_path / "real")
+    for view in ("admissions", "steps", "cache", "stats"):
+        assert vm[view] == vr[view], f"{view} differ: {_first_difference(vm[view], vr[view])}"
+    retracts = [row for row in vm["admissions"] if row[0] == "retract"]
+    assert [(row[1], row[7]) for row in retracts] == [(3, "none"), (5, "none")]
+    assert _request_rows(tmp_path / "mirror") == _request_rows(tmp_path / "real")

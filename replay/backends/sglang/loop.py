@@ -249,16 +249,17 @@ class SglangBackend(SchedulerMirror):
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
-        # Clipped as Scheduler.init_req_max_new_tokens clips it (0 for a prompt that cannot fit,
-        # which is then aborted at arrival).
-        sp = SamplingParams(max_new_tokens=self._max_new_tokens(wreq.input_len, wreq.max_new_tokens) or 0,
-                            temperature=0.0)
+        sp = SamplingParams(max_new_tokens=wreq.max_new_tokens, temperature=0.0)
         sp.normalize(None)
         # session_id is metadata unless --enable-session-radix-cache (off here); it lets the
         # hooks' arrival rows keep the workload's sessions.
         session = str(wreq.session_id) if wreq.session_id >= 0 else None
         req = Req(str(wreq.rid), "", self._synth.prompt_ids(wreq), sp,
                   eos_token_ids={EOS_TOKEN_ID}, vocab_size=None, session_id=session)
+        # Clipped after the Req exists, as Scheduler.init_req_max_new_tokens clips it (0 for a
+        # prompt that cannot fit, which is then aborted at arrival): the hooks' arrival row
+        # (Req.__init__) keeps the requested value, as with sglang's own Scheduler.
+        req.sampling_params.max_new_tokens = self._max_new_tokens(wreq.input_len, wreq.max_new_tokens) or 0
         self._active[req.rid] = _Active(wreq, self._synth.output_ids(wreq))
         return req
 

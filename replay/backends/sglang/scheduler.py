@@ -18,7 +18,10 @@ What is not the real code (the stand-ins, all in this module):
   (``kv_cache_builder.build_kv_cache`` picks ``UnifiedRadixCache`` with FULL+SWA components for
   the SWA-hybrid model config written by :func:`write_model_config`).
 - **Outputs**: ``send_to_detokenizer`` is a sink; finishes are read from the requests after
-  ``process_batch_result``.
+  ``process_batch_result``. ``send_to_tokenizer`` keeps only the ``AbortReq`` the Scheduler sends
+  for a request it ends outside the output stream (``send_abort_output``): that is how a server
+  learns that ``retract_decode`` aborted a request out of memory even alone
+  (``update_running_batch``), and how the backend learns it (:meth:`RealSchedulerBackend._to_tokenizer`).
 - **The clock**: the virtual clock advances by ``step_fixed_ns + step_per_token_ns * tokens``
   per batch; no wall clock enters a decision (the scheduler's own wall-clock reads feed only its
   metrics and watchdog).
@@ -287,6 +290,9 @@ class RealSchedulerBackend(SglangBackend):
         batch = plan.batch_to_run
         num_retracted = int(sched.metrics_reporter.num_retracted_reqs or 0)
         self.result.num_retractions += num_retracted
+        # update_running_batch reports a retract_decode abort (out of memory even alone) through
+        # send_abort_output: report it where the mirror does (batch selected, nothing run yet).
+        self._report_aborts("retract_oom")
         if batch is not None:
             record = self._run_real_batch(batch, num_retracted)
         else:
@@ -335,14 +341,31 @@ class RealSchedulerBackend(SglangBackend):
                           step_ns, self.clock_ns, num_retracted)
 
     def _collect_finished(self, batch) -> None:
-        """Report the requests the iteration finished (released by ``process_batch_result``) or
-        aborted (``retract_decode``: out of memory even alone)."""
+        """Report the requests the iteration finished (released by ``process_batch_result``).
+        A finish reason that is an abort counts as ``retract_oom``; a ``retract_decode`` abort
+        itself leaves ``finished_reason`` unset and is reported by :meth:`_report_aborts`."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
         for rid in [rid for rid, r in self._reqs.items() if r.finished()]:
             req = self._reqs.pop(rid)
             aborted = isinstance(req.finished_reason, FINISH_ABORT)
             self._complete(req, "retract_oom" if aborted else "finished")
+
+    def _to_tokenizer(self, output, recv_obj=None) -> None:
+        """``send_to_tokenizer.send_output`` of the replay Scheduler: keep the ``AbortReq`` of a
+        request it ended without a finish (``send_abort_output``); nothing else is consumed."""
+        from sglang.srt.managers.io_struct import AbortReq
+
+        if isinstance(output, AbortReq) and not output.abort_all:
+            self._aborts.append(output)
+
+    def _report_aborts(self, reason: str) -> None:
+        """Complete the requests the Scheduler aborted since the last call, as ``reason``."""
+        aborts, self._aborts = self._aborts, []
+        for abort in aborts:
+            req = self._reqs.pop(abort.rid, None)
+            if req is not None:
+                self._complete(req, reason)
 
     # ---------------------------------------------------------------- arrivals
     def _admit_arrivals(self) -> None:
@@ -377,8 +400,10 @@ class RealSchedulerBackend(SglangBackend):
                 self._reqs[req.rid] = req
             missing = [i.rid for i in inputs if i.rid not in self._reqs]
             if missing:
+                why = {a.rid: (a.finished_reason or {}).get("message") for a in self._aborts}
                 raise RuntimeError(f"the Scheduler did not queue requests {missing[:5]} "
-                                   f"(max_req_input_len={self.sched.max_req_input_len})")
+                                   f"(max_req_input_len={self.sched.max_req_input_len}; "
+                                   f"abort messages: {[why.get(r) for r in missing[:5]]})")
 
     def _idle_step(self, num_retracted: int):
         record = super()._idle_step(num_retracted)
@@ -417,6 +442,7 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
     cls = _SCHEDULER_CLASS[0]
     cls._kvtrace_backend = backend
     backend._reqs = {}
+    backend._aborts = []
     from sglang.srt.distributed import bootstrap as dist
 
     original = dist.init_parallel_runtime
@@ -432,6 +458,7 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
         cls._kvtrace_backend = None
     sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
     sched.ipc_channels.send_to_detokenizer.send_output = _discard_output
+    sched.ipc_channels.send_to_tokenizer.send_output = backend._to_tokenizer
     import logging
 
     # The Scheduler logs every prefill and decode batch at INFO: a replay's progress bar and
