@@ -20,56 +20,20 @@ from time import perf_counter_ns
 
 import tracer
 from replay.backends.base import RunResult, StepRecord
-from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, NewTokenRatio, PrefillBudget, ceil_page
-from replay.backends.reference.keys import PageKeys
+from replay.backends.reference.admission import AdmissionMixin
+from replay.backends.reference.budget import NewTokenRatio, ceil_page
+from replay.backends.reference.decode import DecodeMixin
+from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
-from tracer.schema import CacheOp, Mode, Pool, RequestEvent, SchedKind, Verdict
+from tracer.schema import CacheOp, Mode, Pool, RequestEvent, SchedKind
 
-EOS_TOKEN_ID = 0
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000
-_WAITING_PREFIX_REFRESH_INTERVAL = 32  # sglang schedule_policy constants
-_WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 _POOLS = (("full", Pool.FULL), ("swa", Pool.SWA), ("host_full", Pool.HOST_FULL), ("host_swa", Pool.HOST_SWA))
 
 
-class RefReq:
-    """One request: its workload row, tokens, and scheduling state (sglang ``Req``'s fields)."""
-
-    __slots__ = ("wreq", "rid", "input_len", "max_new_tokens", "plan", "output_ids", "keys", "prefix_len",
-                 "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
-                 "retracted", "first_prefix", "decode_batch_idx")
-
-    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int) -> None:
-        self.wreq = wreq
-        self.rid = int(wreq.rid)
-        self.input_len = int(wreq.input_len)
-        self.max_new_tokens = max_new_tokens
-        self.plan = plan
-        self.output_ids: list[int] = []
-        self.keys = PageKeys(prompt, ps)
-        self.prefix_len = 0
-        self.extend_end = 0
-        self.in_model = False
-        self.cached_tokens = 0
-        self.host_hit = self.swa_host_hit = 0
-        self.inflight_chunks = 0
-        self.retracted = False
-        self.first_prefix = -1
-        self.decode_batch_idx = 0  # decode steps since (re)admission (sglang ``Req.decode_batch_idx``)
-
-    @property
-    def fill_len(self) -> int:
-        """Tokens to prefill: the prompt plus what it generated before a retraction."""
-        return self.input_len + len(self.output_ids)
-
-    def finished(self) -> bool:
-        return bool(self.output_ids) and (self.output_ids[-1] == EOS_TOKEN_ID
-                                          or len(self.output_ids) >= self.max_new_tokens)
-
-
-class ReferenceBackend:
+class ReferenceBackend(AdmissionMixin, DecodeMixin):
     """Runs a workload through the reference scheduler and memory model.
 
     Args:
@@ -102,6 +66,8 @@ class ReferenceBackend:
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
         self.forward_ct = 0
+        self.trace_ct = 0  # the last step number written to the trace (see ``_sample``)
+        self._sampled_idle = False
         self.waiting: list[RefReq] = []
         self.running: list[RefReq] = []
         self.last_batch: list[RefReq] | None = None
@@ -215,270 +181,6 @@ class ReferenceBackend:
         if self.running:
             return self._update_running_batch(), "decode"
         return None, "idle"
-
-    def _allocatable(self, running_bs: int) -> int:
-        return max(0, self.max_rows - running_bs)
-
-    def _new_prefill_batch(self):
-        s = self.settings
-        if s.has_swa or not self.running:
-            self.batch_is_full = False
-        if (self.batch_is_full or not self.waiting) and self.chunked_req is None:
-            return None
-        if self._allocatable(len(self.running)) <= 0 and self.chunked_req is None:
-            self.batch_is_full = True
-            return None
-        self._touch_waiting_prefixes()
-        budget = PrefillBudget(self.model, s, self.running, self.ratio.current)
-        can_run: list[RefReq] = []
-        extends: dict[int, int] = {}
-        new_chunked = None
-        if self.chunked_req is not None:
-            req = self.chunked_req
-            req.prefix_len = req.extend_end
-            avail = budget.available_chunk_tokens()
-            if avail is not None:
-                remaining = req.fill_len - req.prefix_len
-                n = min(remaining, avail)
-                truncated = remaining > avail
-                req.extend_end = req.prefix_len + n
-                can_run.append(req)
-                extends[req.rid] = n
-                budget.reserve(n, 0 if truncated else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS), budget.rem_chunk)
-                self._emit_admit(req, req.prefix_len, remaining, 0, n,
-                                 Verdict.CHUNKED if truncated else Verdict.ADMITTED, budget, -1)
-                if not truncated:
-                    self.chunked_req = None
-            else:
-                self._emit_admit(req, req.prefix_len, req.fill_len - req.prefix_len, 0, 0, Verdict.NO_TOKEN, budget,
-                                 -1, ("", True))
-        for req in list(self.waiting):
-            # only ``other`` stops before the candidate: with ``no_token`` sglang still runs
-            # ``add_one_req``, whose budget check refuses it (and the tracer records the row)
-            if budget.state() == "other":
-                break
-            if len(can_run) >= self._allocatable(len(self.running)):
-                self.batch_is_full = True
-                break
-            res = self._add_one_req(req, budget, can_run, extends)
-            if res == "chunked":
-                new_chunked = req
-                res = budget.state()
-            if res != "continue":
-                if res == "no_token":
-                    self.batch_is_full = bool(can_run) or bool(self.running)
-                break
-        if not can_run:
-            return None
-        admitted = {r.rid for r in can_run}
-        self.waiting = [r for r in self.waiting if r.rid not in admitted]
-        if new_chunked is not None:
-            self.chunked_req = new_chunked
-        if self.chunked_req is not None:
-            self.chunked_req.inflight_chunks += 1
-        self._alloc_extend(can_run, extends)
-        return can_run
-
-    def _touch_waiting_prefixes(self) -> None:
-        """``SchedulePolicy.calc_priority`` under fcfs (``_touch_waiting_prefixes``): every
-        ``WAITING_PREFIX_REFRESH_INTERVAL``-th call with requests waiting, a tree walk of the first
-        ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests' whole token sequences, head last (it
-        splits nodes and refreshes recency as a match does; the requests keep their state)."""
-        if not self.waiting or self.settings.eviction_policy != "lru":
-            return
-        refresh = self._prefix_refresh_calls % _WAITING_PREFIX_REFRESH_INTERVAL == 0
-        self._prefix_refresh_calls += 1
-        if refresh:
-            for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.model.match(req.keys.up_to(req.fill_len))
-
-    def _add_one_req(self, req: RefReq, budget: PrefillBudget, can_run: list, extends: dict) -> str:
-        """sglang ``init_next_round_input`` + ``add_one_req``: match, budget checks, lock."""
-        s, ps, model = self.settings, self.settings.page_size, self.model
-        keys = req.keys.up_to(req.fill_len)
-        m = model.match(keys, max_tokens=req.fill_len - 1)
-        model.admit(req.rid, keys, m, max_match_tokens=req.fill_len - 1, prompt_tokens=req.input_len)
-        req.in_model = True
-        req.prefix_len = m.device_hit_tokens
-        req.host_hit, req.swa_host_hit = m.host_hit_tokens, m.swa_host_hit_tokens
-        tracer.cache(int(CacheOp.MATCH), req.rid, m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens)
-        max_new = min(max(req.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
-        prefix = req.prefix_len + req.host_hit
-        extend = req.fill_len - prefix
-        total = req.fill_len - req.prefix_len + max_new + ps
-        ok, chunk_limit, need = budget.check_prefill(extend, total, max_new, req.swa_host_hit, budget.rem_chunk)
-        if not ok:
-            self._unadmit(req)
-            # swa_wait: the total budget fit and the SWA budget did not (the tracer hook's rule)
-            verdict = Verdict.SWA_WAIT if (s.has_swa and total < budget.rem_total) else Verdict.NO_TOKEN
-            self._emit_admit(req, req.prefix_len, extend, req.host_hit, 0, verdict, budget, need, ("NO_TOKEN", False))
-            return "no_token"
-        is_chunked = False
-        if chunk_limit is not None and ceil_page(extend, ps) > chunk_limit:
-            cut = chunk_limit // ps * ps
-            extend = (prefix + cut) // ps * ps - prefix
-            if extend <= 0:
-                self._unadmit(req)
-                self._emit_admit(req, req.prefix_len, req.fill_len - prefix, req.host_hit, 0, Verdict.OTHER, budget,
-                                 need, ("OTHER", True))
-                return "other"
-            is_chunked, max_new = True, 0
-        device_prefix, requested = req.prefix_len, req.fill_len - prefix
-        if req.host_hit or req.swa_host_hit:
-            loaded = model.load_back(req.rid)
-            if loaded:
-                tracer.cache(int(CacheOp.LOAD_BACK), req.rid, 0, 0, 0, loaded, 0, loaded)
-            req.prefix_len += req.host_hit
-        shrunk = is_chunked and chunk_limit is not None and chunk_limit < budget.rem_chunk
-        req.extend_end = req.prefix_len + extend
-        if req.first_prefix < 0:
-            req.first_prefix = req.prefix_len
-        if not req.retracted:
-            req.cached_tokens = req.prefix_len
-        can_run.append(req)
-        extends[req.rid] = extend
-        # ``_select_prefill_admission`` reserves the whole clipped ``max_new_tokens`` (not what is
-        # left of it after a retraction), 0 for a chunk
-        budget.reserve(extend, 0 if is_chunked else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS), budget.rem_chunk)
-        verdict = Verdict.SHRUNK if shrunk else (Verdict.CHUNKED if is_chunked else Verdict.ADMITTED)
-        self._emit_admit(req, device_prefix, requested, req.host_hit, extend, verdict, budget, need)
-        return "chunked" if is_chunked else budget.state()
-
-    def _unadmit(self, req: RefReq) -> None:
-        self.model.release(req.rid, checkpoint=False)
-        req.in_model = False
-
-    def _emit_admit(self, req, prefix, requested, host_hit, got, verdict, budget, need, outcome=None) -> None:
-        # As the tracer's admission hook on the real code: ``prefix`` is the device prefix before
-        # any load-back; a request that keeps waiting for the same outcome (``outcome``: the
-        # ``AddReqResult`` name and the budget check's answer; same prefix and request) gets one
-        # row, not one per step, whatever the verdict (``no_token`` / ``swa_wait``) of the repeat.
-        if got:
-            self._last_reject.pop(req.rid, None)
-        else:
-            key = (outcome, prefix, requested)
-            if self._last_reject.get(req.rid) == key:
-                return
-            self._last_reject[req.rid] = key
-        tracer.sched(int(SchedKind.ADMIT), self.forward_ct, 0, 0, 0, 0, req.rid, prefix, requested, host_hit,
-                     requested, got, int(verdict), int(budget.rem_total),
-                     int(budget.rem_swa) if self.settings.has_swa else -1, need)
-
-    def _evict(self, full_tokens: int, swa_tokens: int) -> None:
-        res = self.model.make_room(full_tokens, swa_tokens)
-        if res.full_tokens or res.swa_tokens or res.host_full_tokens:
-            tracer.cache(int(CacheOp.EVICT), -1, 0, 0, 0, res.full_tokens, res.swa_tokens, res.host_full_tokens,
-                         res.num_deleted_nodes + res.num_demoted_nodes + res.num_tombstoned_nodes,
-                         res.num_tombstoned_nodes)
-
-    def _alloc_extend(self, reqs: list[RefReq], extends: dict[int, int]) -> None:
-        ps, model = self.settings.page_size, self.model
-        items, extend_tokens = [], 0
-        for r in reqs:
-            st = model.request(r.rid)
-            n = r.extend_end - st.seq_tokens
-            if n > 0:
-                items.append((r.rid, n))
-                extend_tokens += n
-        # The eviction demand of 0.5.23's ``alloc_for_extend``: the batch's extend tokens, plus one
-        # page per request when paged (``alloc_paged_token_slots_extend``'s conservative estimate).
-        need = extend_tokens + (len(reqs) * ps if ps > 1 else 0)
-        self._evict(need, need if self.settings.has_swa else 0)
-        if items and not model.alloc_extend_batch(items):
-            raise RuntimeError(f"reference backend: step {self.forward_ct}: extend of {need} tokens does not fit "
-                               f"after eviction; occupancy={self._occ_text()}")
-
-    def _update_running_batch(self):
-        batch = self.running
-        if not batch:
-            self.batch_is_full = False
-            return None
-        initial = len(batch)
-        if not self._check_decode_mem(batch):
-            retracted, aborted = self._retract(batch)
-            self.ratio.current = NewTokenRatio.after_retract(self.running)
-            self._last_retracted = len(retracted)
-            self.result.num_retractions += len(retracted)
-            for r in aborted:
-                self._release(r, checkpoint=False)
-                self._complete(r, "retract_oom")
-            self.waiting.extend(retracted)
-        else:
-            self.ratio.decay_step()
-        batch = self.running
-        if len(batch) < initial:
-            self.batch_is_full = False
-        if not batch:
-            return None
-        self._prepare_decode(batch)
-        return list(batch)
-
-    def _decode_need(self, reqs) -> int:
-        ps = self.settings.page_size
-        states = self.model.requests.reqs  # read-only lookups, without the checked getter's call
-        return sum(1 for r in reqs if states[r.rid].seq_tokens % ps == 0) * ps
-
-    def _check_decode_mem(self, reqs) -> bool:
-        need = self._decode_need(reqs)
-        self._evict(need, need if self.settings.has_swa else 0)
-        return self.model.pools.available_tokens() >= need
-
-    def _retract(self, batch: list[RefReq]):
-        order = sorted(range(len(batch)), key=lambda i: (len(batch[i].output_ids), -batch[i].input_len),
-                       reverse=True)
-        keep = list(order)
-        retracted, aborted = [], []
-        first = True
-        while first or not self._check_decode_mem([batch[i] for i in keep]):
-            if len(keep) == 1:
-                break
-            first = False
-            req = batch[keep.pop()]
-            self._emit_retract(req)
-            self._release(req, checkpoint=False)
-            # ``release_req``: use the freed memory at once, evicting for the requests still kept
-            # (``remaining * SGLANG_RETRACT_DECODE_STEPS`` tokens, both pools).
-            need = len(keep) * NewTokenRatio.RETRACT_DECODE_STEPS
-            self._evict(need, need if self.settings.has_swa else 0)
-            req.retracted = True
-            req.prefix_len = req.extend_end = req.decode_batch_idx = 0
-            retracted.append(req)
-        if len(keep) <= 1 and not self._check_decode_mem([batch[i] for i in keep]):
-            # the last request is aborted through the same ``release_req`` (a retract row)
-            req = batch[keep.pop()]
-            self._emit_retract(req)
-            aborted.append(req)
-        kept = set(keep)
-        self.running = [r for i, r in enumerate(batch) if i in kept]
-        return retracted, aborted
-
-    def _emit_retract(self, req: RefReq) -> None:
-        tracer.sched(int(SchedKind.RETRACT), self.forward_ct, 0, 0, 0, 0, req.rid, req.prefix_len,
-                     max(0, self.model.request(req.rid).seq_tokens - req.prefix_len))
-
-    def _prepare_decode(self, batch: list[RefReq]) -> None:
-        s, model = self.settings, self.model
-        if s.has_swa and s.swa_out_of_window_release != "off":
-            get = model.requests.reqs.__getitem__
-            window, interval = s.sliding_window_tokens, s.swa_eviction_interval_tokens
-            for r in batch:
-                if r.decode_batch_idx < 1:
-                    continue  # ``maybe_evict_swa`` skips a request's first decode after its prefill
-                st = get(r.rid)
-                if st.seq_tokens - window < st.swa_evicted_tokens + interval:
-                    continue  # release_out_of_window's own early exit, without the call chain
-                freed = model.free_swa_out_of_window(r.rid, st.seq_tokens, interval)
-                if freed:
-                    tracer.cache(int(CacheOp.SWA_RELEASE), r.rid, 0, 0, 0, 0, freed)
-        # ``alloc_for_decode``'s eviction demand: one page per request (``bs * page_size``), not
-        # only the requests at a page boundary that the decode-memory check counted.
-        need = len(batch) * s.page_size
-        self._evict(need, need if s.has_swa else 0)
-        if not model.alloc_decode([r.rid for r in batch]):
-            raise RuntimeError(f"reference backend: step {self.forward_ct}: decode allocation failed after "
-                               f"the decode-memory check; occupancy={self._occ_text()}")
-        for r in batch:
-            r.decode_batch_idx += 1
 
     # ---------------------------------------------------------------- forward + results
     def _charge(self, num_tokens: int) -> int:
@@ -603,7 +305,14 @@ class ReferenceBackend:
     # ---------------------------------------------------------------- sampling
     def _sample(self, record: StepRecord) -> None:
         mode = {"idle": Mode.IDLE, "prefill": Mode.PREFILL, "decode": Mode.DECODE}[record.mode]
-        fct = self.forward_ct + 1  # trace rows count steps from 1, as the hooks' step clock does
+        # As the hooks' step clock on the real loop: steps count from 1, and of consecutive idle
+        # steps only the first is written (``KVTRACE_IDLE_SAMPLE_MS``; an idle streak of a replay
+        # takes far less than that), so the numbering does not advance for the others.
+        idle = record.mode == "idle"
+        if idle and self._sampled_idle:
+            return
+        self._sampled_idle = idle
+        self.trace_ct = fct = self.trace_ct + 1
         tracer.sched(int(SchedKind.STEP), fct, int(mode), record.batch_size, record.num_tokens, 0)
         snap = self.model.snapshot()
         for name, pool in _POOLS:

@@ -1,0 +1,45 @@
+"""One request of the reference scheduler: its workload row, tokens and scheduling state."""
+
+from __future__ import annotations
+
+from replay.backends.reference.keys import PageKeys
+
+EOS_TOKEN_ID = 0
+
+
+class RefReq:
+    """One request: its workload row, tokens, and scheduling state (sglang ``Req``'s fields)."""
+
+    __slots__ = ("wreq", "rid", "input_len", "max_new_tokens", "plan", "output_ids", "keys", "prefix_len",
+                 "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
+                 "retracted", "first_prefix", "decode_batch_idx")
+
+    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int) -> None:
+        self.wreq = wreq
+        self.rid = int(wreq.rid)
+        self.input_len = int(wreq.input_len)
+        self.max_new_tokens = max_new_tokens
+        self.plan = plan
+        self.output_ids: list[int] = []
+        self.keys = PageKeys(prompt, ps)
+        self.prefix_len = 0
+        self.extend_end = 0
+        self.in_model = False
+        self.cached_tokens = 0
+        self.host_hit = self.swa_host_hit = 0
+        self.inflight_chunks = 0
+        self.retracted = False
+        self.first_prefix = -1
+        self.decode_batch_idx = 0  # decode steps since (re)admission (sglang ``Req.decode_batch_idx``)
+
+    @property
+    def fill_len(self) -> int:
+        """Tokens to prefill: the prompt plus what it generated before a retraction."""
+        return self.input_len + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return bool(self.output_ids) and (self.output_ids[-1] == EOS_TOKEN_ID
+                                          or len(self.output_ids) >= self.max_new_tokens)
+
+
+__all__ = ["EOS_TOKEN_ID", "RefReq"]
