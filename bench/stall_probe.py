@@ -1,8 +1,9 @@
 """How long an emitting thread stalls while the recorder flushes (helpers of
 ``bench/tracer_overhead.py``; not a benchmark of its own).
 
-A thread emits ``pool`` rows in a tight loop, in chunks of 100 emits (~20 us), and times the gap
-between chunks. Three figures per gap, so that what the tracer causes is told apart from what
+A thread emits ``pool`` rows in a tight loop, in chunks of 100 emits (~20 us) each ending with
+``tracer.tick()`` (a server's step boundary, where the drain process's hand-over happens), and
+times the gap between chunks. Three figures per gap, so that what the tracer causes is told apart from what
 the machine does anyway:
 
 - the raw gap (``perf_counter``);
@@ -75,8 +76,8 @@ def _voluntary_switches():
     return lambda: get(who).ru_nvcsw
 
 
-def gap_loop(pool, seconds: float) -> dict:
-    """Emit ``pool`` rows in ``CHUNK``-emit chunks for ``seconds``. Returns, in ns: ``stall``
+def gap_loop(pool, tick, seconds: float) -> dict:
+    """Emit ``pool`` rows in ``CHUNK``-emit chunks, each followed by ``tick()``, for ``seconds``. Returns, in ns: ``stall``
     (longest gap less its run-queue delay), ``raw`` (longest gap), ``blocked`` (longest stall of
     a gap in which the thread blocked: a GIL wait), ``p99``/``p999`` (percentiles of the per-chunk
     stall), ``over_1ms`` (chunks whose stall exceeds 1 ms) and ``events``."""
@@ -91,6 +92,7 @@ def gap_loop(pool, seconds: float) -> dict:
             for _ in range(CHUNK):
                 pool(0, 0, i, 64, 1, 0)
                 i += 1
+            tick()
             now, rd, v = pc(), run_delay(), nvcsw()
             gap = now - last
             s = gap - (rd - last_rd)
@@ -115,7 +117,7 @@ def traced_trial(out: Path, seconds: float, flusher: str) -> tuple[dict, int]:
     rec = tracer.start(out, flusher=flusher, buffer_events=1 << 20, flush_interval_ms=50, poll_interval_ms=10,
                        segment_max_bytes=2 << 20)
     try:
-        g = gap_loop(tracer.pool, seconds)
+        g = gap_loop(tracer.pool, tracer.tick, seconds)
     finally:
         tracer.stop()
     return g, rec.drops.total
@@ -133,7 +135,7 @@ def bench_stall(tmp: Path, seconds: float, trials: int, flusher: str) -> dict:
         g, d = traced_trial(tmp / f"stall{k}", seconds, flusher)
         traced.append(g)
         events, drops = events + g["events"], drops + d
-        base.append(gap_loop(tracer.pool, seconds / 2))  # recorder stopped: no-op emits
+        base.append(gap_loop(tracer.pool, tracer.tick, seconds / 2))  # recorder stopped: no-op emits
     busy, t1 = busy_ticks() - busy0, os.times()
     mine = sum(t1[:4]) - sum(t0[:4])  # user, system, children user, children system (seconds)
     ms = lambda gs, key: [round(g[key] / 1e6, 3) for g in gs]  # noqa: E731
@@ -166,7 +168,7 @@ def compare_stalls(tmp: Path, seconds: float, trials: int) -> dict:
         for m in MODES[k % 3:] + MODES[: k % 3]:
             gc.collect()
             if m == "off":
-                res[m].append(gap_loop(tracer.pool, seconds))
+                res[m].append(gap_loop(tracer.pool, tracer.tick, seconds))
             else:
                 g, d = traced_trial(tmp / f"{m}{k}", seconds, m)
                 res[m].append(g)

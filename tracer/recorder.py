@@ -143,6 +143,7 @@ class Recorder:
         self.marks: list[tuple[int, int]] = []
         self.mark_carry = (np.zeros(1, np.int64), np.full(1, self.now[0], np.int64))
         self._proc = None
+        self._inflight = 0  # events handed to the drain process and not accounted for yet
         if self.opts.flusher == "process":
             try:
                 self.structs = self._start_drain()
@@ -193,7 +194,9 @@ class Recorder:
         # process: "w" wake-up): the thread sleeps in one blocking read, GIL released.
         self._notice_r, self._notice_w = os.pipe()
         os.set_blocking(self._notice_w, False)
-        cfg = {"dir": str(self.dir), "rank": self.rank, "options": asdict(self.opts), "structs": spec,
+        ctl_fd, self._ctl = _drain.shared_buffer(_drain.CTL_BYTES, "ctl")  # the drain's flush requests
+        fds.append(ctl_fd)
+        cfg = {"ctl_fd": ctl_fd, "dir": str(self.dir), "rank": self.rank, "options": asdict(self.opts), "structs": spec,
                "now0": self.now[0], "cmd_fd": cmd_r, "reply_fd": rep_w, "lock_fd": self._lock_fd,
                "notice_fd": self._notice_w, "ppid": os.getpid(), "info": self.info}
         pass_fds = fds + [cmd_r, rep_w, self._notice_w] + ([self._lock_fd] if self._lock_fd is not None else [])
@@ -207,6 +210,9 @@ class Recorder:
         if not ready:
             self._close_pipes()
             raise RuntimeError(f"kvtrace: the drain process did not start (exit code {self._proc.poll()})")
+        _drain.widen_pipe(cmd_w)
+        self._replies = _drain.Replies(rep_r)
+        self._awaited: list[int] = []  # events per message whose reply has not been applied
         return structs
 
     def _abort_drain(self) -> None:
@@ -226,21 +232,59 @@ class Recorder:
                 except OSError:
                     pass
 
-    def _ask_drain(self, msg: dict) -> dict | None:
-        """Send one message to the drain process and wait for its reply (GIL released)."""
-        if self._cmd_fd is None:
-            return None
-        try:
-            _drain.send(self._cmd_fd, msg)
-        except OSError:
-            return None
-        try:
-            return _drain.recv(self._reply_fd)  # end of file if the drain dies
-        except OSError:
-            return None
+    def _drain_gone(self) -> RuntimeError:
+        code = self._proc.poll()
+        return RuntimeError(f"the drain process exited (code {code})" if code is not None
+                            else "the drain process did not answer")
 
-    def _flush_process(self, force: bool, close: bool = False) -> bool:
-        """``flush`` with a drain process: swap, hand the buffers over, wait for them back."""
+    def _apply_replies(self, block: bool) -> bool:
+        """Apply the drain's replies that have arrived (``block``: all awaited ones): buffers
+        given back, torn records, rows written, or the error that ended recording."""
+        while self._awaited:
+            try:
+                reply = self._replies.next(block)
+            except OSError:
+                reply = None
+            if reply is _drain.NOT_YET:
+                return True
+            if reply is None:
+                raise self._drain_gone()
+            self._inflight -= self._awaited.pop(0)
+            for name, idx in reply["released"]:
+                self.structs[name].release(idx)
+            for fam, reason, first, last, n in reply["torn"]:
+                self.drops.add(fam, reason, first, last, n)
+            self.events_written.update(reply["written"])
+            if reply.get("failed"):  # later messages were refused too: nothing is in flight
+                self._awaited.clear()
+                self._inflight = 0
+                self._fail(reply["failed"])
+                return False
+        return True
+
+    def _handover(self) -> None:
+        """The drain asked for a flush (``ctl[0]``): hand the buffers over now, in the emitting
+        thread at a step boundary (``tick``/``set_clock``), without waiting for the writes.
+        The flusher thread then never wakes while the server steps, and no GIL handoff to it can
+        stall the emitter on a busy machine. Skipped while another flush runs."""
+        kind = self._ctl[0]
+        if not kind or self.failed or self.stopped or not self._io_lock.acquire(blocking=False):
+            return
+        try:
+            if not self.failed:
+                self._flush_process(force=kind == _drain.DUE, wait=False)
+        except Exception as e:
+            self._fail(e)
+        finally:
+            self._io_lock.release()
+
+    def _flush_process(self, force: bool, close: bool = False, wait: bool = True) -> bool:
+        """``flush`` with a drain process: swap and hand the buffers over. ``wait``: until the
+        drain has written them (else its reply is applied at a later flush, see
+        ``tracer.drain.Replies``)."""
+        self._ctl[0] = 0  # any flush answers the drain's request
+        if not self._apply_replies(block=False):
+            return False
         due = {name for name, b in self.structs.items() if force or self._due(b)}
         if due & (_MARKED | _CLOCK_ROWS):
             due |= _MARKED | _CLOCK_ROWS
@@ -269,23 +313,17 @@ class Recorder:
                 self._drops_to_rows()
             if force or len(b.cur[0]) * 2 >= b.capacity:
                 rows[name] = b.swap()
-        self._inflight = sum(n for _f, _i, n, _s in sent) + sum(map(len, rows.values()))
-        reply = self._ask_drain({"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows, "close": close,
-                                 "progress": s_swap - 1 if force else 0})
-        if reply is None:
-            code = self._proc.poll()
-            raise RuntimeError(f"the drain process exited (code {code})" if code is not None
-                               else "the drain process did not answer")
-        for name, idx in reply["released"]:
-            self.structs[name].release(idx)
-        for fam, reason, first, last, n in reply["torn"]:
-            self.drops.add(fam, reason, first, last, n)
-        self.events_written.update(reply["written"])
-        self._inflight = 0
-        if reply.get("failed"):
-            self._fail(reply["failed"])
-            return False
-        return True
+        n_msg = sum(n for _f, _i, n, _s in sent) + sum(map(len, rows.values()))
+        if self._cmd_fd is None:
+            raise self._drain_gone()
+        self._inflight += n_msg
+        self._awaited.append(n_msg)
+        try:
+            _drain.send(self._cmd_fd, {"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows,
+                                       "close": close, "progress": s_swap - 1 if force else 0})
+        except OSError:
+            raise self._drain_gone() from None
+        return self._apply_replies(block=wait)
 
     def _end_drain(self) -> None:
         """Let the drain process exit (after its last reply) and reap it."""
@@ -355,6 +393,9 @@ class Recorder:
             def set_clock(ts_ns: int) -> int:
                 raise RuntimeError("tracer.set_clock needs clock='manual'")
 
+        if self._proc is not None:  # hand buffers over at step boundaries, see _handover
+            tick = _drain.at_step_boundary(tick, self._ctl, self._handover)
+            set_clock = _drain.at_step_boundary(set_clock, self._ctl, self._handover)
         emits["tick"] = tick
         emits["set_clock"] = set_clock
         emits["peek_seq"] = lambda: peek_count(seq)
@@ -467,7 +508,8 @@ class Recorder:
                 self._flush_answered(self._flush_asked)
                 return
             asked = self._flush_asked
-            ok = self.flush(force=b"d" in got or asked > self._flush_done)
+            # a timed or half-full flush does not wait for the drain: one GIL handoff per flush
+            ok = self.flush(force=b"d" in got or asked > self._flush_done, wait=asked > self._flush_done)
             self._flush_answered(asked)
             if not ok:
                 return
@@ -505,8 +547,9 @@ class Recorder:
     def _due(self, b: StructBuffer) -> bool:
         return bool(b.pending) or b.reserved(b.cur[0]) * 2 >= b.capacity
 
-    def flush(self, force: bool = True) -> bool:
+    def flush(self, force: bool = True, wait: bool = True) -> bool:
         """Write buffered events (all families when ``force``, else only those half full).
+        ``wait=False`` (drain process only): hand them over without waiting for the writes.
 
         Returns False when recording has failed. Never raises.
         """
@@ -517,7 +560,7 @@ class Recorder:
                 if self.failed:
                     return False
                 try:
-                    return self._flush_process(force)
+                    return self._flush_process(force, wait=wait)
                 except Exception as e:
                     self._fail(e)
                     return False
@@ -756,7 +799,7 @@ class Recorder:
             b.check_integrity()
         buffered = sum(b.reserved(b.cur[0]) + sum(b.reserved(p) for p in b.pending)
                        for b in self.structs.values())
-        buffered += sum(len(b.cur[0]) for b in self.rows.values()) + getattr(self, "_inflight", 0)
+        buffered += sum(len(b.cur[0]) for b in self.rows.values()) + self._inflight
         issued = peek_count(self.seq) - 1
         accounted = sum(self.events_written.values()) + self.drops.total + buffered
         assert accounted == issued, f"recorder accounts for {accounted} events but issued {issued} seqs"

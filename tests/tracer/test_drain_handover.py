@@ -1,0 +1,81 @@
+"""The drain process's hand-over without waiting (``tracer.drain.Replies``): a timed flush sends
+the buffers and returns; the drain's reply is applied at a later flush. Accounting stays exact
+meanwhile, and a drain that dies disables recording with every event counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import tracer
+from replay.trace import open_trace
+from tracer.schema import Pool, PoolOp
+
+
+def _start(path, **kw):
+    opts = dict(flusher="process", buffer_events=4096, flush_interval_ms=60_000, poll_interval_ms=60_000)
+    opts.update(kw)
+    rec = tracer.start(path, **opts)
+    assert rec._proc is not None, "the drain process did not start"
+    return rec
+
+
+def test_a_flush_that_does_not_wait_counts_its_events_in_flight_until_the_reply(tmp_path):
+    rec = _start(tmp_path / "t")
+    try:
+        for i in range(1000):
+            tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 64, 1, 0)
+        assert rec.flush(force=True, wait=False)
+        assert rec._awaited == [1000] and rec._inflight == 1000
+        rec.check_integrity()  # in flight counts as buffered: issued = written + dropped + buffered
+        for i in range(1000, 1500):
+            tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 64, 1, 0)
+        assert rec.flush(force=True)  # waits for both replies, the first one applied first
+        assert rec._awaited == [] and rec._inflight == 0
+        assert rec.events_written["pool"] == 1500
+        rec.check_integrity()
+    finally:
+        tracer.stop()
+    assert open_trace(tmp_path / "t").table("pool").column("rid").to_pylist() == list(range(1500))
+
+
+def test_flushes_sent_faster_than_the_drain_answers_lose_nothing(tmp_path):
+    """Three hand-overs before any reply is read: the ring's three buffers are all with the
+    drain or current; a swap that finds no free buffer keeps the current one."""
+    rec = _start(tmp_path / "t")
+    n = 0
+    try:
+        for _ in range(3):
+            for _k in range(700):
+                tracer.pool(Pool.SWA, PoolOp.FREE, n, 64, 1, n)
+                n += 1
+            assert rec.flush(force=True, wait=False)
+            rec.check_integrity()
+        assert sum(rec._awaited) == rec._inflight <= 3 * 700
+        rec.check_integrity()
+    finally:
+        tracer.stop()
+    tr = open_trace(tmp_path / "t")
+    assert rec.drops.total == 0 and tr.rows("pool") == n == 2100
+    assert tr.table("pool").column("dur_ns").to_pylist() == list(range(n)) and tr.check() == []
+
+
+def test_a_drain_that_dies_disables_recording_and_every_event_is_counted(tmp_path, caplog):
+    rec = _start(tmp_path / "t")
+    for i in range(500):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 64, 1, 0)
+    assert rec.flush(force=True)
+    os.kill(rec._proc.pid, signal.SIGKILL)
+    rec._proc.wait(timeout=30)
+    for i in range(500, 800):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 64, 1, 0)
+    assert rec.flush(force=True, wait=False) is False  # the hand-over finds the drain gone
+    assert not tracer.is_active()
+    for _ in range(7):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, 0, 64, 1, 0)  # counted as lost, never raises
+    tracer.stop()
+    info = json.loads((tmp_path / "t" / "ranks" / "rank=0.json").read_text())
+    assert info["state"] == "crashed" and "drain process exited" in info["error"]
+    assert info["events"]["pool"] == 500 and info["issued"] == 807 + 1  # + the write-error drops row
+    assert sum(info["events"].values()) + info["dropped"] + info["lost"] == info["issued"]
