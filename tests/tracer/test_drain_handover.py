@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
+import time
 
 import tracer
 from replay.trace import open_trace
@@ -79,3 +81,43 @@ def test_a_drain_that_dies_disables_recording_and_every_event_is_counted(tmp_pat
     assert info["state"] == "crashed" and "drain process exited" in info["error"]
     assert info["events"]["pool"] == 500 and info["issued"] == 807 + 1  # + the write-error drops row
     assert sum(info["events"].values()) + info["dropped"] + info["lost"] == info["issued"]
+
+
+def _flush_threads(rec) -> list[str]:
+    """Record the thread of every hand-over to the drain (wraps the instance's method)."""
+    names, inner = [], rec._flush_process
+
+    def flush_process(*a, **k):
+        names.append(threading.current_thread().name)
+        return inner(*a, **k)
+
+    rec._flush_process = flush_process
+    return names
+
+
+def test_timed_flushes_happen_in_the_emitting_thread_at_step_boundaries(tmp_path):
+    rec = _start(tmp_path / "t", flush_interval_ms=50, poll_interval_ms=10)
+    names = _flush_threads(rec)
+    n, end = 0, time.monotonic() + 1.5
+    while time.monotonic() < end:
+        for _ in range(50):
+            tracer.pool(Pool.FULL, PoolOp.ALLOC, n, 64, 1, 0)
+            n += 1
+        tracer.tick()  # a step boundary: the drain's request is answered here
+        time.sleep(0.002)
+    timed = list(names)
+    tracer.stop()
+    assert len(timed) >= 5 and set(timed) == {"MainThread"}, timed  # the flusher thread never woke
+    assert open_trace(tmp_path / "t").rows("pool") == n and rec.drops.total == 0
+
+
+def test_without_step_boundaries_the_flusher_thread_flushes_after_a_flush_interval(tmp_path):
+    rec = _start(tmp_path / "t", flush_interval_ms=100, poll_interval_ms=10)
+    names = _flush_threads(rec)
+    for i in range(100):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 64, 1, 0)  # no tick: an idle or non-ticking server
+    deadline = time.monotonic() + 30
+    while rec.events_written["pool"] < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rec.events_written["pool"] == 100 and names and set(names) == {"kvtrace-flusher"}, names
+    tracer.stop()
