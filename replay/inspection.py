@@ -66,6 +66,7 @@ def summarize(path: str | Path, strict: bool = False) -> dict:
         "producer": tr.manifest.get("producer"),
         "server": tr.manifest.get("server", {}),
         "hash_block_tokens": tr.manifest.get("hash_block_tokens"),
+        "chain_storage": tr.manifest.get("chain_storage") or "hashes",  # positions: `kvtrace compact`
         "state": trace_state(states, has_rank_files),
         "rank_states": {str(r): s for r, s in states.items()} if has_rank_files else {},
         "families": families,

@@ -32,7 +32,8 @@ def _print(s: dict) -> None:
     prod = s["producer"] or {}
     click.echo(f"trace      {s['path']}")
     click.echo(f"schema     {s['schema_version']}  producer {prod.get('name')} {prod.get('version')} "
-               f"({prod.get('source')})")
+               f"({prod.get('source')})" + ("  chains as positions (compacted)"
+                                            if s.get("chain_storage") == "positions" else ""))
     if s["server"]:
         click.echo("server     " + ", ".join(f"{k}={v}" for k, v in sorted(s["server"].items())))
     states = s["rank_states"]
