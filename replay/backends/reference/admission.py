@@ -170,6 +170,12 @@ class AdmissionMixin:
                      int(budget.rem_swa) if self.settings.has_swa else -1, need)
 
     def _evict(self, full_tokens: int, swa_tokens: int) -> None:
+        """``evict_for_alloc``: evict the shortfall of ``full_tokens`` / ``swa_tokens`` against
+        what is available (nothing to do, and no call into the model, when both fit)."""
+        pools = self.model.pools
+        if pools.full_available_tokens() >= full_tokens and (
+                not swa_tokens or pools.swa_available_tokens() >= swa_tokens):
+            return
         res = self.model.make_room(full_tokens, swa_tokens)
         if res.full_tokens or res.swa_tokens or res.host_full_tokens:
             tracer.cache(int(CacheOp.EVICT), -1, 0, 0, 0, res.full_tokens, res.swa_tokens, res.host_full_tokens,
