@@ -102,11 +102,14 @@ def compact_trace(src, out=None, *, in_place: bool = False, progress: bool = Fal
     tr = _open_checked(src)
     salt = _salt(tr.manifest)
     ranks = sorted({s.rank for s in tr.segments if s.family == "request"})
-    bar = tqdm(total=2 * len(ranks), desc="compact", unit="rank", disable=not progress, leave=False)
+    bar = tqdm(total=4 * len(ranks), desc="compact", unit="step", disable=not progress, leave=False)
     tables, origs, stats, seen = {}, {}, [], {}
     for r in ranks:
+        bar.set_postfix_str(f"rank {r}: read")
         origs[r] = orig = _sorted(tr.table("request", r).drop_columns(["rank"]))
         _check_problems(tr)
+        bar.update()
+        bar.set_postfix_str(f"rank {r}: encode")
         tables[r], st, values = _compact_rank(orig, salt, r, f"{src}/request/rank={r}")
         for other, v in seen.items():
             shared = int(np.isin(values, v, assume_unique=True).sum())
@@ -121,14 +124,17 @@ def compact_trace(src, out=None, *, in_place: bool = False, progress: bool = Fal
     try:
         new_dir = stage / "request" if in_place else stage / "trace"
         if not in_place:
-            shutil.copytree(src, new_dir, ignore=lambda d, names: ["request"] if Path(d) == src else [])
+            shutil.copytree(src, new_dir, ignore=lambda d, names: [
+                n for n in names if n == "request" or n.startswith(_STAGE)] if Path(d) == src else [])
         for r, t in tables.items():
             path = (new_dir / f"rank={r}" if in_place else new_dir / "request" / f"rank={r}") / "part-00000.parquet"
             path.parent.mkdir(parents=True)
+            bar.set_postfix_str(f"rank {r}: write")
             write_parquet(path, t)
+            bar.update()
+            bar.set_postfix_str(f"rank {r}: verify")
             _verify(path, origs.pop(r), r)
             bar.update()
-        bar.close()
         if in_place:
             _exchange(new_dir, src / "request")  # the one atomic step; the old files are now in new_dir
             dest = src
