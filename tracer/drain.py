@@ -41,6 +41,11 @@ import pyarrow as pa
 _LEN = struct.Struct("<Q")
 CTL_BYTES = 4096  # the control page: byte 0 is the drain's request to the emitting thread
 DUE, HALF = ord("d"), ord("h")  # ... a flush of everything (interval due), of half-full buffers
+# The flusher thread is woken only when a request went unanswered this long (and a flush
+# interval): the server is idle or does not tick. Not shorter: a busy emitting thread can be
+# descheduled for hundreds of ms on an overloaded machine, and waking the flusher thread then
+# means a GIL handoff that stalls the emitter when it runs again.
+FALLBACK_MIN_S = 1.0
 
 
 # ------------------------------------------------------------------------------ framing
@@ -140,6 +145,20 @@ def at_step_boundary(fn, ctl: mmap.mmap, handover):
     at_step.__name__ = at_step.__qualname__ = fn.__name__
     at_step.__doc__ = fn.__doc__
     return at_step
+
+
+def sched_at_step_boundary(sched, ctl: mmap.mmap, handover):
+    """The ``sched`` emit, same signature, that then hands buffers over like
+    ``at_step_boundary``: a server's hooks emit a ``sched`` step row at every step, and not
+    always ``tick()`` (one more call, ~60 ns, per ``sched`` row in this mode only)."""
+    from tracer.emitgen import _EMITS
+
+    params = _EMITS["sched"]
+    names = ", ".join(p.split("=")[0].strip() for p in params.split(","))
+    ns = {"inner": sched, "ctl": ctl, "handover": handover}
+    exec(compile(f"def sched({params}):\n    inner({names})\n    if ctl[0]:\n        handover()\n",
+                 "<kvtrace sched at step boundary>", "exec"), ns)
+    return ns["sched"]
 
 
 def widen_pipe(fd: int, nbytes: int = 1 << 20) -> None:
@@ -324,6 +343,7 @@ def main() -> int:
         ctl = mmap.mmap(cfg["ctl_fd"], CTL_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         os.close(cfg["ctl_fd"])
     last_flush, noted, asked_at = time.monotonic(), set(), None
+    fallback_s = max(interval_s, FALLBACK_MIN_S)
 
     def notice(kind: bytes) -> None:
         if kind not in noted:
@@ -344,11 +364,11 @@ def main() -> int:
                 if kind:
                     # Ask the emitting thread first (a flag it reads at its next step boundary:
                     # no GIL handoff); wake the recorder's flusher thread only when no step
-                    # boundary came for a whole flush interval (an idle or non-ticking server).
+                    # boundary came for ``fallback_s`` (an idle or non-ticking server).
                     asked_at = now if asked_at is None else asked_at
                     if ctl is not None and ctl[0] != DUE:
                         ctl[0] = kind
-                    if ctl is None or now - asked_at >= interval_s:
+                    if ctl is None or now - asked_at >= fallback_s:
                         notice(bytes([kind]))
                 continue
             msg = None

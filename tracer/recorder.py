@@ -396,6 +396,7 @@ class Recorder:
         if self._proc is not None:  # hand buffers over at step boundaries, see _handover
             tick = _drain.at_step_boundary(tick, self._ctl, self._handover)
             set_clock = _drain.at_step_boundary(set_clock, self._ctl, self._handover)
+            emits["sched"] = _drain.sched_at_step_boundary(emits["sched"], self._ctl, self._handover)
         emits["tick"] = tick
         emits["set_clock"] = set_clock
         emits["peek_seq"] = lambda: peek_count(seq)

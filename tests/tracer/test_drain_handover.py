@@ -121,3 +121,22 @@ def test_without_step_boundaries_the_flusher_thread_flushes_after_a_flush_interv
         time.sleep(0.05)
     assert rec.events_written["pool"] == 100 and names and set(names) == {"kvtrace-flusher"}, names
     tracer.stop()
+
+
+def test_a_sched_step_row_is_a_step_boundary_too(tmp_path):
+    """A server's hooks emit a ``sched`` row per step (not always ``tick()``): same signature,
+    keywords included, and the drain's request is answered there."""
+    rec = _start(tmp_path / "t", flush_interval_ms=50, poll_interval_ms=10)
+    names = _flush_threads(rec)
+    fct, end = 0, time.monotonic() + 1.0
+    while time.monotonic() < end:
+        fct += 1
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, fct, 64, 1, 0)
+        tracer.sched(1, fct, 2, batch_size=8, num_tokens=8, rid=fct, verdict=1)
+        time.sleep(0.002)
+    timed = list(names)
+    tracer.stop()
+    assert len(timed) >= 5 and set(timed) == {"MainThread"}, timed
+    sched = open_trace(tmp_path / "t").table("sched").to_pylist()
+    assert [r["forward_ct"] for r in sched] == list(range(1, fct + 1))
+    assert {(r["batch_size"], r["rid"] - r["forward_ct"], r["verdict"]) for r in sched} == {(8, 0, "admitted")}
