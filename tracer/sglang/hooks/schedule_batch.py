@@ -6,7 +6,8 @@ module function ``release_req``.
 - ``ScheduleBatch.prepare_for_extend`` / ``prepare_for_decode`` (no arguments in 0.5.23): note
   the step's batch for its ``step`` row (``runtime.sampler.loop``); at ``counts``/``pages`` the
   decode one also measures the decode allocation (``allocator_decode.measure_decode``); at
-  ``steps``, where no pool rows mark the pools changed, a batch marks them for the sampler;
+  ``steps``, where no pool rows mark the pools changed, a batch marks them for the sampler, and
+  under the real ``Scheduler`` (whose boundary reads the batch that ran) they only pass through;
 - ``release_req`` (retraction: frees a running request for decode memory): a ``retract``
   ``sched`` row; ``counts``/``pages`` only.
 """
@@ -34,32 +35,46 @@ def _make_prepare(mode: int, level: str):
     """Hand-written (once per step, exact parameters)."""
     decode = mode == DECODE
     steps = level == "steps"  # no pool rows: a batch marks the pools changed
+    lp = sampler.loop
 
     def make(orig):
+        if steps:
+            def prepare_steps(self):
+                # The real Scheduler's boundary reads the batch itself (``last_batch``).
+                if lp.scheduler_driven or tracer.pool is NOOP:
+                    return orig(self)
+                out = orig(self)
+                S.dirty = True
+                try:
+                    note(self)
+                except Exception as e:
+                    state.note_failure("stats.prepare", e)
+                return out
+
+            return prepare_steps
+
         def prepare(self):
             if tracer.pool is NOOP:
                 return orig(self)
-            if steps:
-                out = orig(self)
-                S.dirty = True
-            else:
-                out = measure_decode(self, orig) if decode else orig(self)
+            out = measure_decode(self, orig) if decode else orig(self)
             try:
-                lp = sampler.loop
-                if tracer.pool is not S.emit_key:
-                    state.sync_recording()
-                bs = len(self.reqs)
-                if not decode:
-                    lp.note_batch(mode, bs, int(self.extend_num_tokens or 0))
-                elif lp.mode == IDLE and lp.t0:  # the common decode step
-                    lp.mode, lp.batch_size, lp.num_tokens = mode, bs, bs
-                else:
-                    lp.note_batch(mode, bs, bs)
+                note(self)
             except Exception as e:
                 state.note_failure("stats.prepare", e)
             return out
 
         return prepare
+
+    def note(batch) -> None:
+        if tracer.pool is not S.emit_key:
+            state.sync_recording()
+        bs = len(batch.reqs)
+        if not decode:
+            lp.note_batch(mode, bs, int(batch.extend_num_tokens or 0))
+        elif lp.mode == IDLE and lp.t0:  # the common decode step
+            lp.mode, lp.batch_size, lp.num_tokens = mode, bs, bs
+        else:
+            lp.note_batch(mode, bs, bs)
 
     return make
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import tracer
 from tracer.sglang.hooks.allocator_swa import tag_swa
+from tracer.sglang.patching import exact as exact_factory
 from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import sampler, state
+from tracer.sglang.runtime.sampler import IDLE
 from tracer.sglang.runtime.state import NOOP, S
 from tracer.sglang.wrappers import before_init
 
@@ -58,26 +60,49 @@ def _make_get_pool_stats():
     return make
 
 
-def _make_get_next_batch():
-    """The real ``Scheduler``'s boundary: the top of each loop iteration."""
+def _boundary_of(sched, last_batch) -> None:
+    """The real ``Scheduler``'s boundary (the top of ``get_next_batch_to_run``): adopt its tree
+    and allocator when it is another scheduler, take the batch that ran from ``last_batch``
+    when no ``prepare_for_*`` hook noted one, end the step."""
+    if tracer.pool is not S.emit_key:
+        state.sync_recording()
+    lp = sampler.loop
+    lp.scheduler_driven = True
+    ref = _registry._tree  # (the registry's weak reference, read without a call)
+    if id(sched) != lp.observer or ref is None or ref() is None:
+        lp.observer = id(sched)
+        adopt(getattr(sched, "tree_cache", None), getattr(sched, "token_to_kv_pool_allocator", None))
+    if lp.mode == IDLE:
+        sampler.note_ran(last_batch)
+    sampler.boundary(sched.forward_ct)
 
-    def make(orig):
+
+def _make_get_next_batch():
+    """Hand-written (once per step): ``get_next_batch_to_run(running_batch, last_batch)``."""
+
+    def exact(orig):
+        def get_next_batch_to_run(self, running_batch, last_batch):
+            if tracer.pool is not NOOP:
+                try:
+                    _boundary_of(self, last_batch)
+                except Exception as e:
+                    state.note_failure("stats.loop", e)
+            return orig(self, running_batch, last_batch)
+
+        return get_next_batch_to_run
+
+    def generic(orig):
         def get_next_batch_to_run(self, *args, **kwargs):
             if tracer.pool is not NOOP:
                 try:
-                    if tracer.pool is not S.emit_key:
-                        state.sync_recording()
-                    sampler.loop.scheduler_driven = True
-                    adopt(getattr(self, "tree_cache", None),
-                          getattr(self, "token_to_kv_pool_allocator", None))
-                    sampler.boundary(int(getattr(self, "forward_ct", 0)))
+                    _boundary_of(self, kwargs.get("last_batch", args[1] if len(args) > 1 else None))
                 except Exception as e:
                     state.note_failure("stats.loop", e)
             return orig(self, *args, **kwargs)
 
         return get_next_batch_to_run
 
-    return make
+    return exact_factory("(self, running_batch, last_batch)", exact, generic)
 
 
 def _scheduler_init(self, args, kwargs) -> None:

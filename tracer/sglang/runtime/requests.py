@@ -100,9 +100,20 @@ def prefix_index() -> PrefixIndex:
     """The active recording's prefix index (created on first use)."""
     rec = state.recorder()
     if _Prefixes.recorder is not rec or _Prefixes.index is None:
-        slots = int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
-        _Prefixes.recorder, _Prefixes.index = rec, PrefixIndex(slots)
+        _new_index(rec)
     return _Prefixes.index
+
+
+def _new_index(rec) -> None:
+    """A new recording's prefix index, its table touched now: left to the first arrivals, the
+    page faults of its lazily mapped table cost ~10 ms of the first requests' steps."""
+    slots = int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
+    index = PrefixIndex(slots)
+    index.ids.fill(0)
+    _Prefixes.recorder, _Prefixes.index = rec, index
+
+
+state.S.new_recording_listeners.append(_new_index)
 
 
 def stored_prefix(rid: int, hashes, chained: bool) -> tuple[int, int, np.ndarray | None]:

@@ -271,6 +271,44 @@ class LoopState:
 loop = LoopState()
 S.new_recording_listeners.append(lambda rec: loop.__init__())
 
+# id(ForwardMode member) -> Mode code (enum members are singletons; hashing an Enum is a
+# Python-level call, hashing its id is not)
+_modes: dict[int, int] = {}
+
+
+def _mode_of(fm) -> int:
+    m = _modes.get(id(fm))
+    if m is None:
+        if fm.is_idle():
+            m = IDLE
+        elif fm.is_mixed():
+            m = MIXED
+        elif fm.is_decode():
+            m = DECODE
+        elif fm.is_extend():
+            m = PREFILL
+        else:
+            m = IDLE
+        _modes[id(fm)] = m
+    return m
+
+
+def note_ran(batch) -> None:
+    """The batch the step ran, read at the boundary (``Scheduler.get_next_batch_to_run``'s
+    ``last_batch``) when no ``prepare_for_*`` hook noted it (level ``steps``: one hook per step
+    instead of two). A batch that ran marks the pools changed for the sampler (no pool rows at
+    that level)."""
+    if batch is None:
+        return
+    mode = _mode_of(batch.forward_mode)
+    if mode == IDLE:
+        return
+    lp = loop
+    bs = len(batch.reqs)
+    lp.mode, lp.batch_size = mode, bs
+    lp.num_tokens = bs if mode == DECODE else int(batch.extend_num_tokens or 0)
+    S.dirty = True
+
 
 def boundary(forward_ct: int | None = None) -> None:
     """End the step in progress: its ``step`` row (batch noted by the ``prepare_for_*`` hooks,

@@ -306,3 +306,5 @@ def touch(reason: str) -> None:
             s(reason)
         except Exception as e:
             note_failure("autoload.start", e)
+    if tracer.pool is not NOOP and tracer.pool is not S.emit_key:
+        sync_recording()  # per-recording set-up now, while the server builds, not in a step
