@@ -192,7 +192,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("tree_core", str, "auto", "radix tree core of the real backend; auto = rust, python when "
          "swa_lru_refresh=full_ancestry (the Rust core refreshes inside Rust)", group="sim",
          values=("auto", "rust", "python"), upstream="SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"),
-    Knob("scheduler", str, "mirror", "sglang backend control flow: sglang's own Scheduler (real) or the "
+    Knob("scheduler", str, "real", "sglang backend control flow: sglang's own Scheduler (real) or the "
          "restated loop (mirror)", group="sim", values=("real", "mirror"), upstream="managers/scheduler.py"),
     Knob("max_context_tokens", int, 0, "request row width; 0 = derived from the workload", group="sim",
          min_value=0, max_value=MAX_POOL_TOKENS, upstream="--context-length"),

@@ -227,3 +227,17 @@ def test_real_scheduler_survives_an_oom_abort(tmp_path):
     retracts = [row for row in vm["admissions"] if row[0] == "retract"]
     assert [(row[1], row[7]) for row in retracts] == [(3, "none"), (5, "none")]
     assert _request_rows(tmp_path / "mirror") == _request_rows(tmp_path / "real")
+
+
+def test_swa_pool_larger_than_full_pool_agrees(tmp_path):
+    """An SWA pool above the full pool (differential cases s4/s5): sglang refuses
+    ``--swa-full-tokens-ratio`` > 1, which only sizes the model runner's pools; the replay
+    Scheduler gets the settings' pools (SWA 96 tokens, full 64) and agrees with the mirror."""
+    settings = SglangSettings(page_size=1, sliding_window_tokens=24, full_pool_tokens=64, swa_pool_tokens=96,
+                              chunked_prefill_size=8, max_prefill_tokens=16, max_running_requests=8,
+                              swa_eviction_interval_tokens=8)
+    w = workload(tmp_path, [req(0, 0.0, blocks("a", 1), out=6, max_new=8),
+                            req(1, 5.0, blocks("a", 1) + blocks("b", 1), out=9, max_new=12),
+                            req(2, 10.0, blocks("c", 1), out=4, max_new=8)])
+    views = assert_agree(w, settings, tmp_path)
+    assert {row[1]: row[2] for row in views["stats"]} == {"full": 64, "swa": 96}

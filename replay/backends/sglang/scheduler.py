@@ -83,7 +83,10 @@ def server_argv(settings, model_dir: Path, *, max_context_tokens: int) -> list[s
             "--schedule-policy", s.schedule_policy, "--radix-eviction-policy", s.eviction_policy,
             "--context-length", str(max_context_tokens)]
     if s.has_swa:
-        argv += ["--swa-full-tokens-ratio", repr(s.swa_tokens / s.full_pool_tokens)]
+        # The flag only sizes the pools of sglang's model runner, which the stand-in worker
+        # replaces (the pools come from build_pools, sized by the settings); sglang refuses a
+        # ratio above 1, which an SWA pool larger than the full pool would give.
+        argv += ["--swa-full-tokens-ratio", repr(min(1.0, s.swa_tokens / s.full_pool_tokens))]
     if s.has_hicache:
         argv += ["--enable-hierarchical-cache", "--hicache-ratio", repr(s.host_pool_tokens / s.full_pool_tokens),
                  "--hicache-write-policy", s.hicache_write_policy, "--hicache-io-backend", "direct",

@@ -50,7 +50,7 @@ class SglangSettings(BackendSettings):
 
     BACKEND = "sglang"
 
-    scheduler: str = "mirror"
+    scheduler: str = "real"
 
     def _check_backend(self) -> None:
         if self.swa_lru_refresh == "full_ancestry" and self.resolved_tree_core != "python":
