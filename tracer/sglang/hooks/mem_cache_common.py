@@ -54,6 +54,17 @@ def _make_release_kv_cache():
     return make
 
 
+def _releases_nothing(req, pre_len, window, ct, interval) -> bool:
+    """sglang 0.5.23's own early return of ``free_swa_out_of_window_slots`` (most calls: the
+    window has not slid a whole ``eviction_interval`` since the last release), tested first so
+    that those calls run with nothing read or attributed. False when it cannot be told."""
+    try:
+        kv = req.kv
+        return pre_len - window < kv.component_evicted_seqlens.get(ct, 0) + interval
+    except Exception:
+        return False
+
+
 def _swa_release_pre(req, ct):
     """(SWA evicted length before, rid, previous rid); attributes the frees inside to ``req``."""
     try:
@@ -94,7 +105,10 @@ def _make_free_swa_out_of_window():
                 req, pre_len, *, sliding_window_size, page_size, req_to_token_pool,
                 token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None,
                 component_type=ct_default, free_segment=None, eviction_interval=1):
-            pre = None if tracer.pool is NOOP else _swa_release_pre(req, component_type)
+            pre = None
+            if tracer.pool is not NOOP and not _releases_nothing(req, pre_len, sliding_window_size,
+                                                                  component_type, eviction_interval):
+                pre = _swa_release_pre(req, component_type)
             t0 = perf_counter_ns()
             try:
                 return orig(req, pre_len, sliding_window_size=sliding_window_size,
@@ -110,6 +124,7 @@ def _make_free_swa_out_of_window():
         return free_swa_out_of_window_slots
 
     return make
+
 
 def _make_finish_only():
     """Level ``steps``: only the ``finish``/``abort`` row of a finished request."""
