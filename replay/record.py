@@ -24,8 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from replay.errors import DataLostError, KvtraceError
-
-BACKENDS = ("sglang", "reference")
+from replay.knobs import BACKENDS
 
 
 def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sglang",
