@@ -65,14 +65,14 @@ def _boundary_of(sched, last_batch) -> None:
     and allocator when it is another scheduler, take the batch that ran from ``last_batch``
     when no ``prepare_for_*`` hook noted one, end the step."""
     if tracer.pool is not S.emit_key:
-        state.sync_recording()
+        state.sync_recording()  # (a new recording resets the loop state first)
     lp = sampler.loop
     lp.scheduler_driven = True
     ref = _registry._tree  # (the registry's weak reference, read without a call)
     if id(sched) != lp.observer or ref is None or ref() is None:
         lp.observer = id(sched)
         adopt(getattr(sched, "tree_cache", None), getattr(sched, "token_to_kv_pool_allocator", None))
-    if lp.mode == IDLE:
+    if lp.mode == IDLE and last_batch is not None:
         sampler.note_ran(last_batch)
     sampler.boundary(sched.forward_ct)
 

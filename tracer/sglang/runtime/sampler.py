@@ -300,7 +300,10 @@ def note_ran(batch) -> None:
     that level)."""
     if batch is None:
         return
-    mode = _mode_of(batch.forward_mode)
+    fm = batch.forward_mode
+    mode = _modes.get(id(fm))
+    if mode is None:
+        mode = _mode_of(fm)
     if mode == IDLE:
         return
     lp = loop
