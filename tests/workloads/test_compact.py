@@ -217,3 +217,21 @@ def test_expanding_a_compacted_table_twice_changes_nothing(tmp_path):
     twice, problems = expand_request_table(once)
     assert twice.equals(once) and problems == []
     assert pa.compute.max(once.column("new_blocks")).as_py() == -1
+
+
+def test_a_failed_verification_leaves_the_trace_as_it_was(tmp_path, monkeypatch):
+    import replay.compact as compact
+
+    src = _recorded(tmp_path / "src", [[1, 2], [1, 2, 3]])
+    files = {p: p.read_bytes() for p in src.rglob("*") if p.is_file()}
+
+    def fail(path, orig, rank):
+        raise CompactError(f"{path}: planted")
+
+    monkeypatch.setattr(compact, "_verify", fail)
+    with pytest.raises(CompactError, match="planted"):
+        compact_trace(src, in_place=True)
+    assert {p: p.read_bytes() for p in src.rglob("*") if p.is_file()} == files  # no staging left
+    with pytest.raises(CompactError, match="planted"):
+        compact_trace(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
