@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,7 @@ def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, d
         shutil.rmtree(partial)
     partial.parent.mkdir(parents=True, exist_ok=True)
     overrides = dict(knobs.parse_sets(sets)) | dict(spec.grid)
+    t0 = time.perf_counter()
     try:
         summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail)
     except Exception as e:  # reported as a failed run; the others go on
@@ -105,11 +107,14 @@ def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, d
             raise
         msg = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
         return {"run": spec.key, "status": "failed", "error": msg, "traceback": traceback.format_exc(limit=8)}
+    t1 = time.perf_counter()
     data = summary.to_dict() | {"run": str(final)}
     (partial / SUMMARY_FILE).write_text(json.dumps(data, indent=1, default=str))
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(partial, final)
-    return {"run": spec.key, "status": "ok"}
+    timing = {"replay_s": round(t1 - t0, 3), "record_s": summary.wall_s,
+              "write_s": round(time.perf_counter() - t1, 3)}
+    return {"run": spec.key, "status": "ok", "timing": timing}
 
 
 def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jobs: int = 1,
@@ -194,48 +199,14 @@ def _claim(out: Path, source: Path, policies, grid, sets, backend: str) -> None:
 
 
 def _run_local(args, jobs: int):
-    """One child process per run (``python -m replay.runs.worker``), at most ``jobs`` at a time.
+    """One process per run, at most ``jobs`` at a time (:func:`replay.runs.pool.run_local`)."""
+    from replay.runs.pool import run_local
 
-    Children are plain processes, so an interrupt stops them at once: on SIGINT/SIGTERM (a
-    ``KeyboardInterrupt`` here) every running child is terminated, then killed after 10 s.
-    """
-    import subprocess
-    import time
-
-    pending, running = list(args), {}
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                source, root, spec, sets, backend, detail = pending.pop(0)
-                job = Path(root) / PARTIAL_DIR / f"{spec.key.replace('/', '__')}.job.json"
-                job.parent.mkdir(parents=True, exist_ok=True)
-                job.write_text(json.dumps({"source": source, "root": root, "policy": spec.policy,
-                                           "grid": [list(g) for g in spec.grid], "sets": list(sets),
-                                           "backend": backend, "detail": detail}))
-                log = open(job.with_suffix("").with_suffix(".log"), "w")
-                proc = subprocess.Popen([sys.executable, "-m", "replay.runs.worker", str(job)],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
-                running[proc] = (spec, job, log)
-            for proc in [p for p in running if p.poll() is not None]:
-                spec, job, log = running.pop(proc)
-                log.close()
-                yield _job_result(spec, job, proc.returncode)
-            time.sleep(0.05)
-    except BaseException:
-        for proc in running:
-            proc.terminate()
-        for proc, (_, _, log) in running.items():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-        raise
+    yield from run_local(args, jobs)
 
 
 def _job_result(spec: RunSpec, job: Path, returncode: int) -> dict:
+    """The result a run's process left next to its job file, or a failure naming its exit and log."""
     out = job.with_suffix("").with_suffix(".result.json")
     try:
         return json.loads(out.read_text())

@@ -52,6 +52,19 @@ def test_layout_and_summary_table(swept):
     assert n == 2
 
 
+def test_runs_are_forked_by_one_warm_zygote(swept):
+    """Linux: one zygote imported sglang; each run's child imported none of the backend itself."""
+    out, _ = swept
+    results = [json.loads(p.read_text()) for p in sorted((out / ".partial").glob("*.result.json"))]
+    assert len(results) == 4 and {r["status"] for r in results} == {"ok"}
+    assert (out / ".partial" / "zygote.log").is_file()
+    for r in results:
+        t = r["timing"]
+        assert t["preloaded_modules"] == 0, t  # sglang, torch and replay came with the fork
+        assert t["replay_s"] >= t["record_s"] > 0 and t["write_s"] >= 0 and t["cpu_s"] > 0
+        assert (out / ".partial" / r["run"].replace("/", "__")).with_suffix(".log").is_file()
+
+
 def test_resume_skips_done_and_redoes_interrupted(swept, small_workload):
     from replay.runs.sweep import sweep
 
@@ -118,6 +131,27 @@ def test_bad_sweeps_are_refused_before_any_run(small_workload, tmp_path):
     r = CliRunner().invoke(main, ["sweep", str(small_workload), "--policies", "baseline", "--out", str(tmp_path / "full")])
     assert r.exit_code == 2 and "holds no sweep" in r.output
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+
+
+def test_cold_processes_give_the_same_runs(swept, small_workload, tmp_path, monkeypatch):
+    """Forked children are as isolated as cold ones: the same summaries apart from measured CPU."""
+    from replay.runs import MEASURED
+    from replay.runs.sweep import sweep
+
+    monkeypatch.setenv("KVTRACE_SWEEP_ZYGOTE", "0")
+    out, _ = swept
+    cold = tmp_path / "cold"
+    runs = ["policy=baseline/max_running_requests=2", "policy=swa-fixes/max_running_requests=2"]
+    df = sweep(small_workload, cold, policies=["baseline", "swa-fixes"], grid=["max_running_requests=2"],
+               sets=SMALL, jobs=2)
+    assert set(df["status"]) == {"ok"} and not (cold / ".partial" / "zygote.log").exists()
+    for run in runs:
+        a, b = (json.loads((d / run / "summary.json").read_text()) for d in (out, cold))
+        for k in (*MEASURED, "run"):
+            a.pop(k), b.pop(k)
+        assert a == b, run
+    t = json.loads((cold / ".partial" / f"{runs[0].replace('/', '__')}.result.json").read_text())["timing"]
+    assert t["preloaded_modules"] > 100  # a cold process imports the backend itself
 
 
 @pytest.mark.slow

@@ -1,0 +1,229 @@
+"""The local executor of ``kvtrace sweep``: one process per run, at most ``jobs`` at a time.
+
+On Linux the processes are children forked by a warm zygote (:mod:`replay.runs.zygote`), which
+imports sglang and replay once for the whole sweep; elsewhere, or when the zygote cannot start,
+each run is a cold ``python -m replay.runs.worker`` that imports them itself. Either way a run's
+patches and hooks live and die with its own process, its output goes to
+``RUNS/.partial/<run>.log`` and its result to ``RUNS/.partial/<run>.result.json``.
+
+Runs start longest-expected-first (:func:`order_longest_first`), so the last run of a sweep
+does not start late and leave the other workers idle.
+
+An interrupt (``KeyboardInterrupt`` here: SIGINT, or SIGTERM through the CLI) stops every
+running child at once: SIGTERM, then SIGKILL after 10 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from replay.runs.sweep import PARTIAL_DIR, _job_result
+
+ZYGOTE_LOG = "zygote.log"
+#: what the zygote reported when ready: pid, import seconds (wall, CPU), modules, native threads
+ZYGOTE_INFO = "zygote.json"
+#: seconds the zygote may take to import sglang and replay before the sweep gives up on it
+ZYGOTE_START_TIMEOUT_S = 600.0
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
+def order_longest_first(args: list, expected_s) -> list:
+    """``args`` sorted by ``expected_s(spec)`` descending (stable: equal estimates keep their order)."""
+    return sorted(args, key=lambda a: -expected_s(a[2]))
+
+
+class ColdLauncher:
+    """Each run a fresh ``python -m replay.runs.worker JOB.json`` (imports everything itself)."""
+
+    kind = "cold"
+
+    def __init__(self) -> None:
+        self.procs: dict[str, tuple[subprocess.Popen, object]] = {}
+
+    def start(self, run: str, job: Path, log: Path) -> None:
+        fh = open(log, "w")
+        proc = subprocess.Popen([sys.executable, "-m", "replay.runs.worker", str(job)], stdin=subprocess.DEVNULL,
+                                stdout=fh, stderr=subprocess.STDOUT, env=_env())
+        self.procs[run] = (proc, fh)
+
+    def finished(self, timeout: float) -> list[tuple[str, int]]:
+        time.sleep(timeout)
+        done = [(run, p.returncode) for run, (p, _) in self.procs.items() if p.poll() is not None]
+        for run, _ in done:
+            self.procs.pop(run)[1].close()
+        return done
+
+    def stop(self) -> None:
+        for proc, _ in self.procs.values():
+            proc.terminate()
+        for proc, fh in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            fh.close()
+        self.procs.clear()
+
+    def close(self) -> None:
+        """End of the sweep: nothing left running."""
+
+
+class ZygoteError(RuntimeError):
+    """The zygote did not start (or died); the sweep goes on with cold processes."""
+
+
+class ZygoteLauncher:
+    """Runs forked by one warm zygote process (see :mod:`replay.runs.zygote`)."""
+
+    kind = "zygote"
+
+    def __init__(self, root: Path, backend: str) -> None:
+        log = open(root / PARTIAL_DIR / ZYGOTE_LOG, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "replay.runs.zygote", backend], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, env=_env())
+        log.close()
+        self.buf = b""
+        self.running: set[str] = set()
+        self.ready: dict = {}
+        deadline = time.monotonic() + ZYGOTE_START_TIMEOUT_S
+        try:
+            while not self.ready:
+                if time.monotonic() > deadline:
+                    raise ZygoteError(f"did not finish its imports in {ZYGOTE_START_TIMEOUT_S:.0f} s")
+                for msg in self._read(0.5):
+                    self.ready = msg.get("ready", {})
+            (root / PARTIAL_DIR / ZYGOTE_INFO).write_text(json.dumps(self.ready))
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read(self, timeout: float) -> list[dict]:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return []
+        data = os.read(self.proc.stdout.fileno(), 65536)
+        if not data:
+            self.proc.wait()
+            raise ZygoteError(f"exited with status {self.proc.returncode}")
+        self.buf += data
+        msgs = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            msgs.append(json.loads(line))
+        return msgs
+
+    def start(self, run: str, job: Path, log: Path) -> None:
+        try:
+            self.proc.stdin.write((json.dumps({"run": run, "job": str(job), "log": str(log)}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise ZygoteError(f"not reachable ({e})") from None
+        self.running.add(run)
+
+    def finished(self, timeout: float) -> list[tuple[str, int]]:
+        done = []
+        for msg in self._read(timeout):
+            if "exited" in msg and msg["exited"] in self.running:
+                self.running.discard(msg["exited"])
+                status = msg["status"]
+                done.append((msg["exited"], status if status is not None else -1))
+        return done
+
+    def stop(self) -> None:
+        """SIGTERM to the zygote (it stops its children), SIGKILL after 15 s (children die with it)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """End of the sweep: end of stdin, and the zygote exits."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.stop()
+        self.proc.stdout.close()
+
+
+def _launcher(root: Path, backend: str):
+    if sys.platform == "linux" and hasattr(os, "fork") and os.environ.get("KVTRACE_SWEEP_ZYGOTE", "1") != "0":
+        try:
+            return ZygoteLauncher(root, backend)
+        except ZygoteError as e:
+            print(f"kvtrace sweep: the warm zygote {e} (see {root / PARTIAL_DIR / ZYGOTE_LOG}); "
+                  "starting a cold process per run", file=sys.stderr)
+    return ColdLauncher()
+
+
+def _job_file(root: str, spec) -> Path:
+    return Path(root) / PARTIAL_DIR / f"{spec.key.replace('/', '__')}.job.json"
+
+
+def run_local(args, jobs: int):
+    """Yield each run's result (``{"run", "status", "error", ...}``) as its process ends.
+
+    Args:
+        args: ``(source, root, spec, sets, backend, detail)`` per run, in start order.
+        jobs: processes at a time.
+    """
+    if not args:
+        return
+    pending, running = list(args), {}
+    root, backend = Path(args[0][1]), args[0][4]
+    (root / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
+    launcher = _launcher(root, backend)
+    try:
+        while pending or running:
+            try:
+                while pending and len(running) < jobs:
+                    source, root_s, spec, sets, backend, detail = pending[0]
+                    job = _job_file(root_s, spec)
+                    job.write_text(json.dumps({"source": source, "root": root_s, "policy": spec.policy,
+                                               "grid": [list(g) for g in spec.grid], "sets": list(sets),
+                                               "backend": backend, "detail": detail}))
+                    launcher.start(spec.key, job, job.with_suffix("").with_suffix(".log"))
+                    running[spec.key] = (spec, job)
+                    pending.pop(0)
+                done = launcher.finished(0.05)
+            except ZygoteError as e:  # the zygote died (its children with it): the rest go cold
+                for key in running:
+                    yield {"run": key, "status": "failed", "error": f"the sweep's zygote {e} during this run"}
+                running.clear()
+                launcher.stop()
+                print(f"kvtrace sweep: the warm zygote {e} (see {root / PARTIAL_DIR / ZYGOTE_LOG}); "
+                      "starting a cold process per run", file=sys.stderr)
+                launcher = ColdLauncher()
+                continue
+            for key, status in done:
+                spec, job = running.pop(key)
+                yield _job_result(spec, job, status)
+        launcher.close()
+    except BaseException:
+        launcher.stop()
+        raise
+
+
+__all__ = ["ColdLauncher", "ZygoteLauncher", "order_longest_first", "run_local"]
