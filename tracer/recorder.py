@@ -144,6 +144,7 @@ class Recorder:
         self.mark_carry = (np.zeros(1, np.int64), np.full(1, self.now[0], np.int64))
         self._proc = None
         self._inflight = 0  # events handed to the drain process and not accounted for yet
+        self._in_hand: list[tuple] = []  # (buffer, records) being swapped out for the drain
         if self.opts.flusher == "process":
             try:
                 self.structs = self._start_drain()
@@ -290,14 +291,17 @@ class Recorder:
             due |= _MARKED | _CLOCK_ROWS
         s_swap = peek_count(self.seq)
         swapped = {}
+        hand = self._in_hand  # buffers out of the recorder's lists and not yet in flight
         for name in self.structs:
             if name in due:
                 b = self.structs[name]
                 with b.lock:
                     bufs, b.pending = b.pending, []
-                old = b.swap()
+                    hand += [(b, buf) for buf in bufs]  # counted by check_integrity meanwhile
+                old = b.swap()  # (may wait for b.lock: another thread then runs)
                 if old is not None:
                     bufs.append(old)
+                    hand.append((b, old))
                 if bufs:
                     swapped[name] = bufs
         marks = []
@@ -313,10 +317,13 @@ class Recorder:
                 self._drops_to_rows()
             if force or len(b.cur[0]) * 2 >= b.capacity:
                 rows[name] = b.swap()
+                hand.append((None, rows[name]))
         n_msg = sum(n for _f, _i, n, _s in sent) + sum(map(len, rows.values()))
         if self._cmd_fd is None:
+            hand.clear()
             raise self._drain_gone()
         self._inflight += n_msg
+        hand.clear()
         self._awaited.append(n_msg)
         try:
             _drain.send(self._cmd_fd, {"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows,
@@ -801,6 +808,7 @@ class Recorder:
         buffered = sum(b.reserved(b.cur[0]) + sum(b.reserved(p) for p in b.pending)
                        for b in self.structs.values())
         buffered += sum(len(b.cur[0]) for b in self.rows.values()) + self._inflight
+        buffered += sum(len(buf) if b is None else b.reserved(buf) for b, buf in list(self._in_hand))
         issued = peek_count(self.seq) - 1
         accounted = sum(self.events_written.values()) + self.drops.total + buffered
         assert accounted == issued, f"recorder accounts for {accounted} events but issued {issued} seqs"
