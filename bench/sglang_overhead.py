@@ -37,6 +37,13 @@ robust to steps a busy machine never ran uncontended; ``noise_us_per_step[_media
 for a second hooks-off run, the comparison's noise floor), that as a share of
 the backend's step (``pct_of_backend_step``; ``backend_step_us`` is the hooks-off step) and of a
 10 ms server step (``pct_of_10ms_step``). Targets: ``steps`` <= 5, ``counts`` <= 25 us/step.
+
+The live CPU server (tests/live) is not measured per level here: each level needs its own server
+(the level is fixed when the hooks install at start-up), and one start-up alone takes 25-35 s on
+a quiet machine (imports of the tokenizer-manager process), so four levels exceed two minutes
+before a request is sent; and a live CPU step (~4 ms: 48 tokens in 0.2 s) varies from run to run
+by far more than the 5-25 us being measured. The backend runs the same hooks on the same sglang
+classes (the real ``Scheduler`` loop included, ``scheduler=real``) with steps timed one by one.
 """
 
 from __future__ import annotations
@@ -359,6 +366,103 @@ def decompose(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
             "events_per_step": round(statistics.median(events) / steps, 2), "modes": modes}
 
 
+def warm_path(rounds: int = 7, steps: int = 20_000) -> dict:
+    """Level ``steps``'s per-step hook path warm, in one process (loop-thread CPU, ns per step over
+    the unhooked calls, min of ``rounds``): the real hook functions on a stand-in scheduler and
+    decode batch (the real ``Scheduler`` cannot be built without the serving stack). ``one_hook``:
+    the boundary reads ``last_batch``, ``prepare_for_decode`` passes through (now);
+    ``two_hooks``: ``prepare_for_decode`` notes the batch and the boundary adopts the tree each
+    step (the design before issue 12's levers, emulated by resetting the two flags). Also the
+    first 20 prefix-index encodes of a new recording, table untouched vs touched (ms)."""
+    import tempfile
+    import types
+
+    import numpy as np
+
+    import tracer
+    from tracer.schema import Mode
+    from tracer.schema.hashing import chain
+    from tracer.schema.prefixes import DEFAULT_SLOTS, PrefixIndex
+    from tracer.sglang.hooks import schedule_batch, scheduler
+    from tracer.sglang.runtime import sampler
+
+    class FM:  # ForwardMode.DECODE's predicates
+        def is_idle(self): return False
+        def is_mixed(self): return False
+        def is_decode(self): return True
+        def is_extend(self): return False
+
+    class Tree:
+        def full_evictable_size(self): return 0
+        def full_protected_size(self): return 0
+
+    batch = types.SimpleNamespace(forward_mode=FM(), reqs=[object()] * 8, extend_num_tokens=None)
+    sched = types.SimpleNamespace(forward_ct=0, tree_cache=Tree(), token_to_kv_pool_allocator=None)
+    prep_orig, gnb_orig = (lambda self: None), (lambda self, running_batch, last_batch: None)
+    prepare = schedule_batch._make_prepare(int(Mode.DECODE), "steps")(prep_orig)
+    gnb = scheduler._make_get_next_batch()(gnb_orig)
+    lp, tt = sampler.loop, time.thread_time_ns
+    cadence = sampler.configure()
+    sampler.configure(stats_interval_ms=1e9)  # no stats sample: the per-step path only
+
+    def off(n):
+        for _ in range(n):
+            prep_orig(batch)
+            sched.forward_ct += 1
+            gnb_orig(sched, None, batch)
+
+    def two_hooks(n):
+        for _ in range(n):
+            lp.scheduler_driven = False
+            prepare(batch)
+            lp.observer = 0
+            sched.forward_ct += 1
+            gnb(sched, None, None)
+
+    def one_hook(n):
+        for _ in range(n):
+            prepare(batch)
+            sched.forward_ct += 1
+            gnb(sched, None, batch)
+
+    def row(n):
+        for i in range(n):
+            tracer.sched(1, i, 2, 8, 8, 1000)
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
+    best: dict = {}
+    try:
+        tracer.start(tmp / "t", source="bench", detail="steps")
+        try:
+            for _ in range(rounds):
+                for name, fn in (("off", off), ("two_hooks", two_hooks), ("one_hook", one_hook),
+                                 ("step_row", row)):
+                    t0 = tt()
+                    fn(steps)
+                    best[name] = min(best.get(name, 1e18), (tt() - t0) / steps)
+        finally:
+            tracer.stop()
+            sampler.configure(**cadence)
+            lp.__init__()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    chains = [chain(rng.integers(0, 2**63, size=int(n), dtype=np.uint64))
+              for n in rng.integers(50, 1000, size=20)]
+    prefix_ms = {}
+    for touched in (False, True):
+        idx = PrefixIndex(DEFAULT_SLOTS)
+        if touched:
+            idx.ids.fill(0)
+        t0 = tt()
+        for i, c in enumerate(chains):
+            idx.encode(i, c, chained=True)
+        prefix_ms["touched" if touched else "untouched"] = round((tt() - t0) / 1e6, 2)
+    return {"ns_per_step_over_off": {k: round(best[k] - best["off"]) for k in ("two_hooks", "one_hook")},
+            "step_row_ns": round(best["step_row"]), "rounds": rounds, "steps": steps,
+            "prefix_index_20_encodes_ms": prefix_ms}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD, help="workload trace directory")
@@ -374,8 +478,13 @@ def main(argv=None) -> int:
                     help="capture level of the --decompose (and --breakdown) hooked runs")
     ap.add_argument("--levels", default=",".join(LEVELS),
                     help="capture levels measured, comma-separated (counts is always run)")
+    ap.add_argument("--warm-path", action="store_true",
+                    help="instead: level steps's per-step hook path warm, one hook vs two (ns)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if args.warm_path:
+        w = warm_path()
+        return _report(w, args.json, lambda d: print(json.dumps(d, indent=1)))
     overrides = tuple(args.overrides) if args.overrides else DEFAULT_SETTINGS
     if args.decompose:
         d = decompose(args.workload, requests=args.requests, overrides=overrides,
