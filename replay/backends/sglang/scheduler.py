@@ -349,10 +349,14 @@ class RealSchedulerBackend(SglangBackend):
         itself leaves ``finished_reason`` unset and is reported by :meth:`_report_aborts`."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-        for rid in [rid for rid, r in self._reqs.items() if r.finished()]:
-            req = self._reqs.pop(rid)
-            aborted = isinstance(req.finished_reason, FINISH_ABORT)
-            self._complete(req, "retract_oom" if aborted else "finished")
+        if batch is None:
+            return
+        reqs = self._reqs
+        for req in batch.reqs:  # only the batch's requests finish (in batch order, as the mirror)
+            if req.rid in reqs and req.finished():
+                del reqs[req.rid]
+                aborted = isinstance(req.finished_reason, FINISH_ABORT)
+                self._complete(req, "retract_oom" if aborted else "finished")
 
     def _to_tokenizer(self, output, recv_obj=None) -> None:
         """``send_to_tokenizer.send_output`` of the replay Scheduler: keep the ``AbortReq`` of a
