@@ -147,18 +147,9 @@ def at_step_boundary(fn, ctl: mmap.mmap, handover):
     return at_step
 
 
-def sched_at_step_boundary(sched, ctl: mmap.mmap, handover):
-    """The ``sched`` emit, same signature, that then hands buffers over like
-    ``at_step_boundary``: a server's hooks emit a ``sched`` step row at every step, and not
-    always ``tick()`` (one more call, ~60 ns, per ``sched`` row in this mode only)."""
-    from tracer.emitgen import _EMITS
-
-    params = _EMITS["sched"]
-    names = ", ".join(p.split("=")[0].strip() for p in params.split(","))
-    ns = {"inner": sched, "ctl": ctl, "handover": handover}
-    exec(compile(f"def sched({params}):\n    inner({names})\n    if ctl[0]:\n        handover()\n",
-                 "<kvtrace sched at step boundary>", "exec"), ns)
-    return ns["sched"]
+# Appended to the generated ``sched`` emit in this mode: a server's hooks emit a ``sched`` step
+# row at every step, and not always ``tick()`` (the flag check costs ~20 ns per ``sched`` row).
+STEP_CHECK = "    if ctl[0]:\n        handover()\n"
 
 
 def widen_pipe(fd: int, nbytes: int = 1 << 20) -> None:

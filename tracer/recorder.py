@@ -375,6 +375,9 @@ class Recorder:
                     b = self.rows[name]
                     ns.update(cur=b.cur, lock=b.lock, cap=b.capacity, full=self._row_full_handler(b))
                 src = _gen_emit(name, reads_clock, with_ids, **gen)
+                if name == "sched" and self._proc is not None:  # a step boundary, see _handover
+                    src += _drain.STEP_CHECK
+                    ns.update(ctl=self._ctl, handover=self._handover)
                 exec(compile(src, f"<kvtrace emit {fn_name}>", "exec"), ns)
                 emits[fn_name] = ns[fn_name]
         if self.opts.detail != "pages":
@@ -403,7 +406,6 @@ class Recorder:
         if self._proc is not None:  # hand buffers over at step boundaries, see _handover
             tick = _drain.at_step_boundary(tick, self._ctl, self._handover)
             set_clock = _drain.at_step_boundary(set_clock, self._ctl, self._handover)
-            emits["sched"] = _drain.sched_at_step_boundary(emits["sched"], self._ctl, self._handover)
         emits["tick"] = tick
         emits["set_clock"] = set_clock
         emits["peek_seq"] = lambda: peek_count(seq)
