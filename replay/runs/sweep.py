@@ -12,9 +12,10 @@ redoes interrupted ones (their partial directories are ours to remove). A failed
 in ``summary.parquet`` (``status=failed`` and the error) and does not stop the others; its partial
 directory stays for inspection until the sweep is run again.
 
-Every run is its own process (patches are per process): a child ``python -m replay.runs.worker``
-per run, at most ``--jobs`` at a time, its output in ``RUNS/.partial/<run>.log``
-(``--executor local``), or Ray tasks with ``max_calls=1`` (``--executor ray``, a cluster address
+Every run is its own process (patches are per process), at most ``--jobs`` at a time, its output
+in ``RUNS/.partial/<run>.log`` (``--executor local``, :mod:`replay.runs.pool`: children forked by
+one warm zygote that imported sglang once, or a cold ``python -m replay.runs.worker`` per run
+where the zygote is not available), or Ray tasks with ``max_calls=1`` (``--executor ray``, a cluster address
 from ``RAY_ADDRESS`` or a local Ray). An interrupted sweep (SIGINT, SIGTERM) stops its children,
 writes ``summary.parquet`` with the unfinished runs as ``interrupted`` and can be resumed.
 """
