@@ -131,6 +131,9 @@ class AdmissionMixin:
         device_prefix, requested = req.prefix_len, req.fill_len - prefix
         if req.host_hit or req.swa_host_hit:
             loaded = model.load_back(req.rid)
+            # the device room the load-back made (``_load_back_transfers``' ``evict_for_alloc``)
+            for res in getattr(model.tree, "load_back_evicted", ()):
+                self._emit_evict(res, req.rid)
             if loaded:
                 tracer.cache(int(CacheOp.LOAD_BACK), req.rid, 0, 0, 0, loaded, 0, loaded)
             req.prefix_len += req.host_hit
@@ -176,9 +179,11 @@ class AdmissionMixin:
         if pools.full_available_tokens() >= full_tokens and (
                 not swa_tokens or pools.swa_available_tokens() >= swa_tokens):
             return
-        res = self.model.make_room(full_tokens, swa_tokens)
+        self._emit_evict(self.model.make_room(full_tokens, swa_tokens), -1)
+
+    def _emit_evict(self, res, rid: int) -> None:
         if res.full_tokens or res.swa_tokens or res.host_full_tokens:
-            tracer.cache(int(CacheOp.EVICT), -1, 0, 0, 0, res.full_tokens, res.swa_tokens, res.host_full_tokens,
+            tracer.cache(int(CacheOp.EVICT), rid, 0, 0, 0, res.full_tokens, res.swa_tokens, res.host_full_tokens,
                          res.num_deleted_nodes + res.num_demoted_nodes + res.num_tombstoned_nodes,
                          res.num_tombstoned_nodes)
 

@@ -32,11 +32,16 @@ class ReferenceSettings(BackendSettings):
     def memory_config(self) -> MemoryConfig:
         """The :class:`replay.memory.MemoryConfig` these settings describe."""
         eic = self.prefix_ownership == "eic_release_protected_prefix"
-        host = self.host_pool_tokens // self.page_size * self.page_size
+        # HiCache host pools as sglang sizes them: each device pool times ``hicache_ratio``
+        # (host_pool_tokens / full_pool_tokens), whole pages, plus the padding page
+        ps, ratio = self.page_size, self.host_pool_tokens / self.full_pool_tokens
+        host = (int(self.full_pool_tokens * ratio) // ps + 1) * ps if self.host_pool_tokens else 0
+        swa_host = (int(self.swa_tokens * ratio) // ps + 1) * ps if host and self.has_swa else None
         return MemoryConfig(
             page_size=self.page_size, full_pool_tokens=self.full_pool_tokens,
             sliding_window_tokens=self.sliding_window_tokens, swa_pool_tokens=self.swa_tokens,
-            host_pool_tokens=0 if eic else host, cache_kind="eic" if eic else "radix",
+            host_pool_tokens=0 if eic else host, swa_host_pool_tokens=None if eic else swa_host,
+            cache_kind="eic" if eic else "radix",
             device_free=self.device_free, host_free=self.host_free, swa_lru_refresh=self.swa_lru_refresh,
             eviction_policy=self.eviction_policy, hicache_write_policy=self.hicache_write_policy,
             swa_release_boundary=self.swa_release_boundary,

@@ -111,7 +111,8 @@ class HiCacheMixin:
         Returns:
             FULL tokens loaded (0 for an SWA-only restore), or None when nothing was loaded
             (no host hit, below the threshold, or the device pools stayed short).
-        Mutates: device pools (may evict), node values and ledgers.
+        Mutates: device pools (may evict: the evictions are kept in ``load_back_evicted``),
+        node values and ledgers.
         """
         if not self.hicache or node is self.root:
             return None
@@ -134,6 +135,7 @@ class HiCacheMixin:
                 cur = cur.parent
         kv_pages = sum(len(n.key) for n in full_nodes)
         swa_pages = sum(len(n.key) for n in swa_nodes)
+        self.load_back_evicted = []
         if kv_pages * self.ps < max(1, self.load_back_threshold_tokens) and not swa_nodes:
             return None
         receipt = self.lock(node)
@@ -148,9 +150,9 @@ class HiCacheMixin:
         pools, ps = self.pools, self.ps
         full_short = kv_pages * ps - pools.full.available_tokens()
         if full_short > 0:
-            self.evict(full_tokens=full_short)
+            self.load_back_evicted.append(self.evict(full_tokens=full_short))
         if swa_pages and pools.swa.available_tokens() < swa_pages * ps:
-            self.evict(swa_tokens=swa_pages * ps - pools.swa.available_tokens())
+            self.load_back_evicted.append(self.evict(swa_tokens=swa_pages * ps - pools.swa.available_tokens()))
         if pools.full.available_pages() < kv_pages:
             return None
         if swa_pages and pools.swa.available_pages() < swa_pages:

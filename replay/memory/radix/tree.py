@@ -64,6 +64,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self.write_back = write_policy == "write_back"
         self.write_through_threshold = write_through_threshold
         self.load_back_threshold_tokens = load_back_threshold_tokens
+        self.load_back_evicted: list = []  # the EvictResults of the last load_back's device room
         self.clock = 0.0
         self._next_node_id = 0
         self._next_uuid = 0
