@@ -7,10 +7,17 @@
 2. ``kvtrace sweep`` of ``--sweep-workload`` with 4 runs (baseline, swa-fixes x two
    ``max_running_requests``), once with ``--jobs 1`` and once with ``--jobs 2``, side by side in
    this process: the speedup of ``--jobs 2``.
+3. ``--schedulers mirror,real`` (the default): ``kvtrace replay`` of ``--schedulers-workload``
+   (default ``data/workloads/mixed``) once per sglang scheduler (knob ``scheduler``), side by
+   side in this process: ``sched_<name>_steps_per_s`` (steps over the loop's step time, hooks
+   on, build excluded) and ``real_slowdown_x`` (mirror steps/s over real steps/s; issue #16 wants
+   <= 2). ``--repeat N`` interleaves N rounds and keeps each scheduler's fastest; ``--profile``
+   prints the first round's top cProfile entries to stderr. ``--schedulers ''`` skips it.
 
 Targets (issue #11): ``sim_s_per_wall_s`` >= 25, ``sweep_speedup_jobs2`` >= 1.7.
 
-    bench/replay_throughput.py [--workload W] [--policy P] [--sweep-workload W2] [--skip-sweep] [--json]
+    bench/replay_throughput.py [--workload W] [--policy P] [--sweep-workload W2] [--skip-sweep]
+                               [--schedulers mirror,real] [--schedulers-workload W3] [--profile] [--json]
 """
 
 from __future__ import annotations
@@ -41,6 +48,44 @@ def measure_replay(workload: Path, policy: str, sets: list[str]) -> dict:
             "run_mb": round(size / 1e6, 2)}
 
 
+def measure_schedulers(workload: Path, policy: str, sets: list[str], schedulers: list[str],
+                       profile: bool = False, repeat: int = 1) -> dict:
+    """Replay ``workload`` once per sglang scheduler, ``repeat`` rounds interleaved, in this
+    process: steps/s of each over its fastest round (a shared machine's load only slows)."""
+    import cProfile
+    import io
+    import pstats
+
+    from replay.runs import replay_run
+
+    out: dict = {"sched_workload": str(workload)}
+    with tempfile.TemporaryDirectory(prefix="kvtrace-bench-") as tmp:
+        for i, name in ((i, n) for i in range(repeat) for n in schedulers):
+            prof = cProfile.Profile() if profile and i == 0 else None
+            if prof:
+                prof.enable()
+            s = replay_run(workload, Path(tmp) / f"{name}{i}", policy=policy, sets=[*sets, f"scheduler={name}"])
+            if prof:
+                prof.disable()
+                buf = io.StringIO()
+                st = pstats.Stats(prof, stream=buf)
+                st.sort_stats("cumulative").print_stats(r"replay|tracer|sglang/srt", 30)
+                st.sort_stats("tottime").print_stats(20)
+                print(f"--- cProfile, scheduler={name} ---\n{buf.getvalue()}", file=sys.stderr)
+            # steps/s over the loop's own step time (sched_cpu_ns: every step, hooks included);
+            # wall_s also holds building the backend (the first real Scheduler of a process
+            # pays sglang's scheduler imports) and closing the recording.
+            if i and s.sched_cpu_ns / 1e9 >= out[f"sched_{name}_loop_s"]:
+                continue  # keep the fastest round
+            out[f"sched_{name}_steps"] = s.steps
+            out[f"sched_{name}_loop_s"] = round(s.sched_cpu_ns / 1e9, 3)
+            out[f"sched_{name}_wall_s"] = s.wall_s
+            out[f"sched_{name}_steps_per_s"] = round(s.steps / (s.sched_cpu_ns / 1e9), 1)
+    if {"mirror", "real"} <= set(schedulers):
+        out["real_slowdown_x"] = round(out["sched_mirror_steps_per_s"] / out["sched_real_steps_per_s"], 2)
+    return out
+
+
 def measure_sweep(workload: Path, sets: list[str]) -> dict:
     from replay.runs.sweep import sweep
 
@@ -67,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-workload", type=Path, default=ROOT / "data/workloads/mixed")
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--schedulers", default="mirror,real",
+                    help="sglang schedulers to replay side by side (comma list; '' skips)")
+    ap.add_argument("--schedulers-workload", type=Path, default=ROOT / "data/workloads/mixed")
+    ap.add_argument("--profile", action="store_true", help="cProfile each scheduler's replay (stderr)")
+    ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds of the scheduler runs (best kept)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if not args.skip_replay and not (args.workload / "manifest.json").is_file():
@@ -76,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         res |= measure_replay(args.workload, args.policy, args.set)
     if not args.skip_sweep:
         res |= measure_sweep(args.sweep_workload, [])
+    schedulers = [x.strip() for x in args.schedulers.split(",") if x.strip()]
+    if schedulers:
+        res |= measure_schedulers(args.schedulers_workload, args.policy, args.set, schedulers, args.profile,
+                                  max(1, args.repeat))
     res["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     if args.json:
         print(json.dumps(res))
