@@ -11,6 +11,10 @@ It is a mixin of :class:`replay.backends.sglang.loop.SglangBackend` and uses its
 (the real objects), ``settings``, ``waiting`` (list of ``Req``), ``running`` (``ScheduleBatch``),
 ``last_batch``, ``chunked_req``, ``result``, ``_last_retracted``, ``_next_token(req)`` and
 ``_complete(req, reason)``.
+
+Not the default: sglang's own ``Scheduler`` is (``scheduler=real``,
+:mod:`replay.backends.sglang.scheduler`). The mirror (``--set scheduler=mirror``) is kept as the
+oracle of ``tests/sglang/test_scheduler_agreement.py`` (docs/sglang.md, "Why the mirror stays").
 """
 
 from __future__ import annotations
