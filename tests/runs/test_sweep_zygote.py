@@ -1,0 +1,81 @@
+"""``kvtrace sweep`` with its warm zygote: Ctrl-C to the whole process group, a zygote that dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runs.conftest import SMALL
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sweep(source: Path, out: Path, jobs: int) -> subprocess.Popen:
+    """``kvtrace sweep`` in its own session, as a terminal's foreground job would be."""
+    code = "import sys; from replay.cli import main; sys.argv[0] = 'kvtrace'; main()"
+    args = ["sweep", str(source), "--policies", "baseline,swa-fixes", "--grid", "max_running_requests=2,4",
+            "--jobs", str(jobs), "--out", str(out), "--quiet", *[x for kv in SMALL for x in ("--set", kv)]]
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT, start_new_session=True)
+
+
+def _wait_for(pred, proc, timeout_s: float = 300.0) -> None:
+    t0 = time.monotonic()
+    while not pred():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < timeout_s, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _group_gone(pgid: int, timeout_s: float = 30.0) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_ctrl_c_to_the_process_group_keeps_complete_runs_and_leaves_no_process(small_workload, tmp_path):
+    import polars as pl
+
+    out = tmp_path / "R"
+    proc = _sweep(small_workload, out, jobs=2)
+    _wait_for(lambda: any(out.glob("policy=*/*/summary.json")), proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the sweep, its zygote, its runs
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "run the same command again to resume" in err and "Traceback" not in err
+    assert _group_gone(proc.pid), "the zygote or a run outlived the sweep"
+    table = pl.read_parquet(out / "summary.parquet")
+    assert table.height == 4 and set(table["status"]) <= {"ok", "interrupted"}
+    assert 1 <= table.filter(pl.col("status") == "ok").height < 4
+
+
+def test_a_dead_zygote_fails_its_running_runs_and_the_rest_go_on_cold(small_workload, tmp_path):
+    out = tmp_path / "R"
+    proc = _sweep(small_workload, out, jobs=1)
+    info = out / ".partial" / "zygote.json"
+    _wait_for(lambda: info.is_file() and any((out / ".partial").glob("*.log")), proc)
+    os.kill(json.loads(info.read_text())["pid"], signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err  # a failed run: the sweep says so and exits 1
+    assert "starting a cold process per run" in err and "Traceback" not in err
+    import polars as pl
+
+    table = pl.read_parquet(out / "summary.parquet")
+    failed = table.filter(pl.col("status") == "failed")
+    assert failed.height == 1 and "zygote exited" in failed["error"][0]
+    assert table.filter(pl.col("status") == "ok").height == 3
+    assert _group_gone(proc.pid)
