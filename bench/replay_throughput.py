@@ -87,18 +87,30 @@ def measure_schedulers(workload: Path, policy: str, sets: list[str], schedulers:
 
 
 def measure_sweep(workload: Path, sets: list[str]) -> dict:
+    """``--jobs 1`` then ``--jobs 2`` over 4 runs: wall seconds, speedup, and where the time went
+    (the parent's CPU; the zygote's import; per run, summed: its process's import, run and CPU)."""
     from replay.runs.sweep import sweep
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="kvtrace-bench-") as tmp:
         for jobs in (1, 2):
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             df = sweep(workload, Path(tmp) / f"jobs{jobs}", policies=["baseline", "swa-fixes"],
                        grid=["max_running_requests=32,64"], sets=sets, jobs=jobs)
             out[f"sweep_wall_s_jobs{jobs}"] = round(time.perf_counter() - t0, 3)
+            out[f"sweep_parent_cpu_s_jobs{jobs}"] = round(time.process_time() - cpu0, 3)
             failed = df.filter(df["status"] != "ok").height
             if failed:
                 raise SystemExit(f"sweep with --jobs {jobs}: {failed} runs failed")
+            partial = Path(tmp) / f"jobs{jobs}" / ".partial"
+            zygote = partial / "zygote.json"
+            if zygote.is_file():
+                z = json.loads(zygote.read_text())
+                out[f"sweep_zygote_import_s_jobs{jobs}"] = z.get("import_s")
+                out[f"sweep_zygote_import_cpu_s_jobs{jobs}"] = z.get("import_cpu_s")
+            timings = [json.loads(p.read_text()).get("timing", {}) for p in sorted(partial.glob("*.result.json"))]
+            for key in ("import_s", "replay_s", "record_s", "cpu_s"):
+                out[f"sweep_runs_{key}_jobs{jobs}"] = round(sum(t.get(key, 0.0) for t in timings), 3)
     out["sweep_runs"] = 4
     out["sweep_speedup_jobs2"] = round(out["sweep_wall_s_jobs1"] / out["sweep_wall_s_jobs2"], 3)
     return out
