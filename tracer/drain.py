@@ -28,7 +28,6 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
-import select
 import signal
 import struct
 import subprocess
@@ -37,6 +36,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
+
+from tracer.fdwait import wait_readable
 
 _LEN = struct.Struct("<Q")
 CTL_BYTES = 4096  # the control page: byte 0 is the drain's request to the emitting thread
@@ -61,8 +62,7 @@ def _read_exact(fd: int, n: int, alive=None, poll_s: float = 0.5) -> bytes | Non
     out = bytearray()
     while len(out) < n:
         if alive is not None:
-            r, _, _ = select.select([fd], [], [], poll_s)
-            if not r:
+            if not wait_readable(fd, poll_s):
                 if not alive():
                     return None
                 continue
@@ -120,7 +120,7 @@ class Replies:
             if self.eof:
                 return None
             if block:
-                select.select([self.fd], [], [])
+                wait_readable(self.fd)
             try:
                 chunk = os.read(self.fd, 1 << 16)
             except BlockingIOError:
@@ -345,8 +345,7 @@ def main() -> int:
                 pass
 
     while True:
-        ready, _, _ = select.select([cmd_fd], [], [], poll_s)
-        if not ready:
+        if not wait_readable(cmd_fd, poll_s):
             if os.getppid() == ppid:
                 now = time.monotonic()
                 kind = DUE if now - last_flush >= interval_s else 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from replay.runs.sweep import PARTIAL_DIR, _job_result
+from tracer.fdwait import wait_readable
 
 ZYGOTE_LOG = "zygote.log"
 #: what the zygote reported when ready: pid, import seconds (wall, CPU), modules, native threads
@@ -104,8 +104,7 @@ class ZygoteLauncher:
             raise
 
     def _read(self, timeout: float) -> list[dict]:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
+        if not wait_readable(self.proc.stdout, timeout):
             return []
         data = os.read(self.proc.stdout.fileno(), 65536)
         if not data:

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import sys
 import threading
 import time
+
+from tracer.fdwait import wait_readable
 
 _STOP = False
 #: seconds a child has to exit after SIGTERM before it is killed
@@ -171,8 +172,7 @@ def serve(backend: str) -> int:
     eof = False
     while not (_STOP or (eof and not children)):
         if not eof:
-            ready, _, _ = select.select([cmd_fd], [], [], 0.05)
-            if ready:
+            if wait_readable(cmd_fd, 0.05):
                 data = os.read(cmd_fd, 65536)
                 eof = not data
                 buf += data

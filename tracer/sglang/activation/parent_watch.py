@@ -17,9 +17,10 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import select
 import sys
 import threading
+
+from tracer.fdwait import wait_readable
 
 log = logging.getLogger("kvtrace.sglang")
 
@@ -53,7 +54,7 @@ def _wait_parent_exit(parent: int) -> None:
     try:
         while os.getppid() == parent:
             if fd is not None:
-                select.select([fd], [], [], 5.0)
+                wait_readable(fd, 5.0)
             else:
                 threading.Event().wait(POLL_S)
     finally:
