@@ -241,3 +241,34 @@ def test_swa_pool_larger_than_full_pool_agrees(tmp_path):
                             req(2, 10.0, blocks("c", 1), out=4, max_new=8)])
     views = assert_agree(w, settings, tmp_path)
     assert {row[1]: row[2] for row in views["stats"]} == {"full": 64, "swa": 96}
+
+
+def test_replays_in_one_process_leave_no_descriptors_and_disarm_the_watchdog(tmp_path, monkeypatch):
+    """Each real-Scheduler replay used to leave its ZMQ context (~11 descriptors), a /dev/shm load
+    snapshot and an armed sglang watchdog (which SIGQUITs the PARENT process once forward_ct stands
+    still with a batch in cur_batch_for_debug) behind: a notebook or a test worker running many
+    replays ran out of select()-able descriptors. Two replays: the second leaves no descriptor."""
+    import os
+
+    import replay.backends.sglang.scheduler as real
+
+    seen = []
+    close = real._close_ipc
+    monkeypatch.setattr(real, "_close_ipc", lambda sched: (seen.append(sched), close(sched)))
+    settings = SglangSettings(page_size=1, sliding_window_tokens=24, full_pool_tokens=256, swa_pool_tokens=64,
+                              chunked_prefill_size=8, max_prefill_tokens=16, max_running_requests=8,
+                              scheduler="real")
+    w = workload(tmp_path, [req(0, 0.0, blocks("a", 2), out=6, max_new=8),
+                            req(1, 1.0, blocks("a", 2) + blocks("b", 1), out=5, max_new=8)])
+
+    def fds() -> set[int]:
+        return {int(f) for f in os.listdir("/proc/self/fd")}
+
+    _record(w, settings, tmp_path / "r1")
+    before = fds()
+    _record(w, settings, tmp_path / "r2")
+    assert fds() - before == set()
+    assert len(seen) == 2
+    for sched in seen:
+        assert sched.watchdog.is_active() is False and sched.cur_batch_for_debug is None
+        assert sched.load_snapshot_writer is None

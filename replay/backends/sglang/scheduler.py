@@ -32,6 +32,7 @@ Only one Scheduler lives in a process at a time (sglang's runtime context is pro
 from __future__ import annotations
 
 import contextlib
+import os
 import json
 import tempfile
 from pathlib import Path
@@ -479,3 +480,51 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
         sg_logger.setLevel(level)
         with contextlib.suppress(Exception):
             sched.release_host_resources()
+        _close_ipc(sched)
+
+
+def _close_ipc(sched) -> None:
+    """Disarm the Scheduler's watchdogs, and close what it opens for a server's other processes and
+    never closes itself: its
+    ZMQ sockets and their context (io threads, eventfds, ipc socket files) and the /dev/shm load
+    snapshot. Without this every replay in a process left ~13 file descriptors and a /dev/shm
+    file behind (a notebook or a test worker running many replays ran out of select()able fds)."""
+    import zmq
+
+    # sglang's watchdog threads (one per Scheduler, never stopped) SIGQUIT this process's PARENT
+    # when the Scheduler looks active (a batch kept in cur_batch_for_debug) and forward_ct stands
+    # still for watchdog_timeout: after a replay in a notebook that is the Jupyter server. Make
+    # them inert and drop their references to the Scheduler (its pools stay alive otherwise).
+    for name in ("watchdog", "soft_watchdog"):
+        dog = getattr(sched, name, None)
+        if dog is not None:
+            dog.is_active = lambda: False
+            dog.get_counter = lambda: 0
+            dog.dump_info = None
+    sched.cur_batch_for_debug = None
+
+    ch = getattr(sched, "ipc_channels", None)
+    sockets = []
+    for name in ("recv_from_tokenizer", "recv_from_rpc", "send_to_tokenizer", "send_to_detokenizer",
+                 "send_metrics_from_scheduler"):
+        obj = getattr(ch, name, None)
+        if not isinstance(obj, zmq.Socket):  # SenderWrapper (.socket)
+            obj = getattr(obj, "socket", None)
+        if isinstance(obj, zmq.Socket):
+            sockets.append(obj)
+    contexts = {id(sk.context): sk.context for sk in sockets}
+    for sk in sockets:
+        with contextlib.suppress(Exception):
+            sk.close(linger=0)
+    for ctx in contexts.values():
+        with contextlib.suppress(Exception):
+            ctx.term()
+    writer = getattr(sched, "load_snapshot_writer", None)
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.close()
+        path = getattr(writer, "path", None)
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        sched.load_snapshot_writer = None
