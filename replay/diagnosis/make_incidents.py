@@ -163,8 +163,12 @@ def make(names: tuple[str, ...] = (), root: Path = ROOT, progress: bool = True) 
             dest = root / inc.name
             shutil.rmtree(dest, ignore_errors=True)
             with sglang_switches(dict(inc.env)):
-                s = record_workload(w, dest, overrides=inc.sets, detail="pages", incident=inc.incident,
-                                    incident_every=inc.every)
+                # On the mirror scheduler: sglang's own Scheduler runs its idle memory check
+                # (SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE, on by default in 0.5.23) and raises
+                # "pool memory leak detected!" on the planted leaks, as a real server would; the
+                # mirror drives the same pool and tree code, so the planted bug stays the one change.
+                s = record_workload(w, dest, overrides=inc.sets + ("scheduler=mirror",), detail="pages",
+                                    incident=inc.incident, incident_every=inc.every)
             s["env"] = dict(inc.env)
             s["workload"] = inc.workload
             s["trace"] = f"data/incidents/{inc.name}"
