@@ -128,3 +128,16 @@ def test_launch_refuses_a_non_empty_out(tmp_path):
 
     res = CliRunner().invoke(main, ["launch", "--out", str(tmp_path / "t"), "--", "true"])
     assert res.exit_code != 0 and "--force" in res.output
+
+
+def test_live_capture_drains_in_a_separate_process_by_default(monkeypatch, caplog):
+    """KVTRACE_FLUSHER: the drain process by default (no GIL handoff to a flusher thread while the
+    scheduler steps), ``thread`` on request; anything else is logged and falls back to it."""
+    monkeypatch.delenv("KVTRACE_FLUSHER", raising=False)
+    assert autoload._flusher() == "process"
+    monkeypatch.setenv("KVTRACE_FLUSHER", " Thread ")
+    assert autoload._flusher() == "thread"
+    monkeypatch.setenv("KVTRACE_FLUSHER", "bogus")
+    with caplog.at_level("ERROR", logger="kvtrace.sglang"):
+        assert autoload._flusher() == "process"
+    assert "KVTRACE_FLUSHER='bogus'" in caplog.text

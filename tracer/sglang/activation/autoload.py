@@ -106,8 +106,12 @@ def start_recording(reason: str) -> None:
     with _lock:
         if tracer.is_active():
             return
+        # The drain process serializes out of the server's interpreter (no GIL handoff to a
+        # flusher thread while the scheduler steps; docs/tracer.md "Drain"); KVTRACE_FLUSHER=thread
+        # keeps everything in process.
         opts = {"flush_interval_ms": int(os.environ.get("KVTRACE_FLUSH_MS", "1000")),
-                "detail": state.resolve_detail(None)}  # KVTRACE_DETAIL, default counts
+                "detail": state.resolve_detail(None),  # KVTRACE_DETAIL, default counts
+                "flusher": _flusher()}
         tracer.start(os.environ["KVTRACE_DIR"], rank=_rank_guess(), source="sglang-hooks",
                      server=serverinfo.from_live(),
                      hash_block_tokens=int(os.environ.get("KVTRACE_HASH_BLOCK_TOKENS",
@@ -118,6 +122,15 @@ def start_recording(reason: str) -> None:
         parent_watch.arm()  # sglang SIGKILLs this process when its parent exits: close first
         log.info("kvtrace: recording %s (pid %d, first object: %s)", os.environ["KVTRACE_DIR"],
                  os.getpid(), reason)
+
+
+def _flusher() -> str:
+    """``KVTRACE_FLUSHER`` (``process``, the default for live capture, or ``thread``)."""
+    value = os.environ.get("KVTRACE_FLUSHER", "process").strip().lower() or "process"
+    if value not in ("process", "thread"):
+        log.error("kvtrace: KVTRACE_FLUSHER=%r is not 'process' or 'thread'; using 'process'", value)
+        return "process"
+    return value
 
 
 def update_manifest_server() -> None:
