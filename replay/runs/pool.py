@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from replay.runs.sweep import PARTIAL_DIR, _job_result
-from tracer.fdwait import wait_readable
+from replay.runs.zygote import wait_readable
 
 ZYGOTE_LOG = "zygote.log"
 #: what the zygote reported when ready: pid, import seconds (wall, CPU), modules, native threads

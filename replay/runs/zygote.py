@@ -28,14 +28,22 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 import threading
 import time
 
-from tracer.fdwait import wait_readable
-
 _STOP = False
+
+
+def wait_readable(fd, timeout_s: float | None) -> bool:
+    """``fd`` readable (or at EOF) within ``timeout_s``; ``poll``, since ``select`` refuses fds >= 1024."""
+    p = select.poll()
+    p.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(p.poll(None if timeout_s is None else int(timeout_s * 1000)))
+
+
 #: seconds a child has to exit after SIGTERM before it is killed
 TERM_GRACE_S = 10.0
 _PR_SET_PDEATHSIG = 1
