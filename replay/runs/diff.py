@@ -1,14 +1,20 @@
 """``diff_runs``: the first step where two runs' trajectories diverge, metric by metric.
 
-A run's trajectory is one row per scheduler step (the ``forward_ct`` of its ``sched`` step rows):
+A run's trajectory is one row per scheduler step: the run's ``sched`` step rows in order, step
+``n`` being the ``n``-th (counted from 1). Steps are aligned by that position, not by the rows'
+``forward_ct``: with sglang's own ``Scheduler`` (a server's trace, or the sglang backend's default
+``scheduler=real``) ``forward_ct`` is the Scheduler's count of batches run, so an idle iteration's
+row repeats the number of the batch step before it, while the mirror and the reference number
+every step. Each step keeps its ``forward_ct`` (shown, not compared). Every other row belongs to a
+step by its place in the trace (``seq``):
 
 | metric | source |
 |---|---|
-| ``mode``, ``batch_size``, ``num_tokens`` | ``sched`` step rows |
-| ``admitted`` | ``sched`` admit rows of the step with ``chunk_admitted > 0``: "rid:tokens" list (admit and retract rows carry the step counter before the step, as the hooks write them) |
-| ``retracted`` | ``sched`` retract rows of the step: rid list |
-| ``evicted_full``, ``evicted_swa`` | ``cache`` evict rows up to the step's row (by ``seq``): sums |
-| ``<pool>_used`` (full, swa, host_full, host_swa) | ``stats`` rows: capacity - available, carried forward over steps without a sample |
+| ``mode``, ``batch_size``, ``num_tokens`` | the step row |
+| ``admitted`` | ``sched`` admit rows with ``chunk_admitted > 0`` before the step row (since the previous one): "rid:tokens" list |
+| ``retracted`` | ``sched`` retract rows before the step row (since the previous one): rid list |
+| ``evicted_full``, ``evicted_swa`` | ``cache`` evict rows before the step row (since the previous one): sums |
+| ``<pool>_used`` (full, swa, host_full, host_swa) | the last ``stats`` row after the step row (before the next one): capacity - available, carried forward over steps without a sample |
 
 Per request (:func:`request_hits`): device and host hit tokens of its last ``cache`` match before
 each admission, and ``cached_len`` of its finish row. Used by ``kvtrace diff`` and by the
@@ -74,39 +80,66 @@ class RunDiff:
             lines.append(f"{mark} step {row['step']}")
             for side in ("a", "b"):
                 vals = row[side] or {}
-                lines.append(f"    {side.upper()}: " + ", ".join(f"{k}={vals.get(k)}" for k in STEP_METRICS))
+                lines.append(f"    {side.upper()}: " + ", ".join(f"{k}={vals.get(k)}"
+                                                              for k in ("forward_ct", *STEP_METRICS)))
         return "\n".join(lines)
 
 
+def _step_rows(sched):
+    """Split ``sched`` rows (sorted by ``seq``) into step rows and the others, each with ``step``:
+    the position of a step row, and of the step row an admit/retract row precedes (null after
+    the last step row)."""
+    import polars as pl
+
+    kind = pl.col("kind").cast(pl.Utf8)
+    steps = sched.filter(kind == "step").with_row_index("step", offset=1).with_columns(pl.col("step").cast(pl.Int64))
+    other = sched.filter(kind != "step").join_asof(steps.select("seq", "step"), on="seq", strategy="forward")
+    return steps, other
+
+
+def sched_rows(path: str | Path, kind: str = "admit"):
+    """The run's ``sched`` rows of ``kind`` (``admit`` or ``retract``), all columns plus ``step``:
+    the trajectory step (see the module docstring) each belongs to, whatever the run's
+    ``forward_ct`` numbering. Rows after the last step row are left out."""
+    import polars as pl
+
+    from replay.trace import open_trace
+
+    _, other = _step_rows(open_trace(path, strict=False).lazy("sched").collect().sort("seq"))
+    return other.filter((pl.col("kind").cast(pl.Utf8) == kind) & pl.col("step").is_not_null())
+
+
 def trajectory(path: str | Path):
-    """One row per step of the run at ``path`` (polars DataFrame with ``step`` + :data:`STEP_METRICS`)."""
+    """One row per step of the run at ``path`` (polars DataFrame with ``step``, ``forward_ct`` and
+    :data:`STEP_METRICS`)."""
     import polars as pl
 
     from replay.trace import open_trace
 
     tr = open_trace(path, strict=False)
-    sched = tr.lazy("sched").select("seq", "kind", "forward_ct", "mode", "batch_size", "num_tokens", "rid",
-                                    "chunk_admitted").collect()
-    steps = (sched.filter(pl.col("kind") == "step")
-             .select(pl.col("forward_ct").alias("step"), "seq", pl.col("mode").cast(pl.Utf8), "batch_size",
-                     "num_tokens").sort("seq").unique("step", keep="last").sort("step"))
-    admits = (sched.filter((pl.col("kind") == "admit") & (pl.col("chunk_admitted") > 0))
-              .sort("seq").group_by((pl.col("forward_ct") + 1).alias("step"))
+    sched = (tr.lazy("sched").select("seq", "kind", "forward_ct", pl.col("mode").cast(pl.Utf8), "batch_size",
+                                     "num_tokens", "rid", "chunk_admitted").collect().sort("seq"))
+    steps, other = _step_rows(sched)
+    other = other.with_columns(pl.col("kind").cast(pl.Utf8))
+    admits = (other.filter((pl.col("kind") == "admit") & (pl.col("chunk_admitted") > 0))
+              .group_by("step")
               .agg(admitted=pl.concat_str(pl.col("rid").cast(pl.Utf8), pl.lit(":"),
                                           pl.col("chunk_admitted").cast(pl.Utf8)).sort().str.join(" ")))
-    retracts = (sched.filter(pl.col("kind") == "retract").group_by((pl.col("forward_ct") + 1).alias("step"))
+    retracts = (other.filter(pl.col("kind") == "retract").group_by("step")
                 .agg(retracted=pl.col("rid").sort().cast(pl.Utf8).str.join(" ")))
     evict = (tr.lazy("cache").filter(pl.col("op") == "evict").select("seq", "full_tokens", "swa_tokens")
              .collect().sort("seq"))
     ev = (evict.join_asof(steps.select("seq", "step"), on="seq", strategy="forward")
           .group_by("step").agg(evicted_full=pl.col("full_tokens").sum(), evicted_swa=pl.col("swa_tokens").sum()))
-    out = (steps.drop("seq").join(admits, on="step", how="left").join(retracts, on="step", how="left")
+    out = (steps.select("step", "forward_ct", "mode", "batch_size", "num_tokens")
+           .join(admits, on="step", how="left").join(retracts, on="step", how="left")
            .join(ev, on="step", how="left")
            .with_columns(pl.col("admitted").fill_null(""), pl.col("retracted").fill_null(""),
                          pl.col("evicted_full").fill_null(0), pl.col("evicted_swa").fill_null(0)))
-    stats = (tr.lazy("stats").select(pl.col("forward_ct").alias("step"), pl.col("pool").cast(pl.Utf8), "seq",
-                                     used=pl.col("capacity") - pl.col("available")).collect()
-             .sort("seq").unique(["step", "pool"], keep="last"))
+    stats = (tr.lazy("stats").select(pl.col("pool").cast(pl.Utf8), "seq",
+                                     used=pl.col("capacity") - pl.col("available")).collect().sort("seq")
+             .join_asof(steps.select("seq", "step"), on="seq", strategy="backward")
+             .filter(pl.col("step").is_not_null()).unique(["step", "pool"], keep="last"))
     for pool in POOLS:
         col = f"{pool}_used"
         s = stats.filter(pl.col("pool") == pool).select("step", pl.col("used").alias(col))
@@ -160,10 +193,11 @@ def diff_runs(run_a: str | Path, run_b: str | Path, *, metrics=STEP_METRICS, con
     if first is not None:
         near = both.filter((pl.col("step") >= first - context) & (pl.col("step") <= first + context))
         for r in near.iter_rows(named=True):
-            rows.append({"step": r["step"], "a": {m: r[m] for m in STEP_METRICS},
-                         "b": {m: r[f"{m}_b"] for m in STEP_METRICS}})
+            rows.append({"step": r["step"], "a": {"forward_ct": r["forward_ct"], **{m: r[m] for m in STEP_METRICS}},
+                         "b": {"forward_ct": r["forward_ct_b"], **{m: r[f"{m}_b"] for m in STEP_METRICS}}})
     divs.sort(key=lambda d: (d.step, STEP_METRICS.index(d.metric)))
     return RunDiff(str(run_a), str(run_b), ta.height, tb.height, first, divs, rows)
 
 
-__all__ = ["POOLS", "STEP_METRICS", "MetricDivergence", "RunDiff", "diff_runs", "request_hits", "trajectory"]
+__all__ = ["POOLS", "STEP_METRICS", "MetricDivergence", "RunDiff", "diff_runs", "request_hits", "sched_rows",
+           "trajectory"]

@@ -43,7 +43,7 @@ def test_at_least_twenty_cases_cover_the_grid():
 
 
 # Cases whose admit rows (budgets included) part before their first step difference
-# (docs/fidelity.md, "Known divergences" 3). Strict both ways: a listed case that starts agreeing,
+# (docs/fidelity.md, "Known divergences" 2). Strict both ways: a listed case that starts agreeing,
 # or an unlisted one that parts, fails.
 ADMIT_ROWS_PART = {"s8-ps16-w8-full512-host1024"}
 
@@ -54,20 +54,17 @@ def test_admission_budgets_agree_before_the_first_divergence(runs):
     differing row of each of those is printed."""
     import polars as pl
 
-    from replay.runs.diff import diff_runs
-    from replay.trace import open_trace
+    from replay.runs.diff import diff_runs, sched_rows
 
-    cols = ["forward_ct", "rid", "prefix_len", "extend_len", "chunk_admitted", "verdict", "rem_total", "rem_swa",
+    cols = ["step", "rid", "prefix_len", "extend_len", "chunk_admitted", "verdict", "rem_total", "rem_swa",
             "swa_needed"]
     compared, wrong = 0, []
     for name, (ref, real) in runs.items():
         first = diff_runs(ref, real).first_step
         rows = []
-        for path in (ref, real):
-            tr = open_trace(path, strict=False)
-            rows.append(tr.lazy("sched").filter(pl.col("kind") == "admit")
-                        .filter(pl.col("forward_ct") + 1 < (first or 1 << 60)).select(cols)
-                        .with_columns(pl.col("verdict").cast(pl.Utf8)).collect().sort("forward_ct", "rid").to_dicts())
+        for path in (ref, real):  # by trajectory step (an idle step repeats the forward_ct before it)
+            rows.append(sched_rows(path, "admit").filter(pl.col("step") < (first or 1 << 60)).select(cols)
+                        .with_columns(pl.col("verdict").cast(pl.Utf8)).sort("step", "rid").to_dicts())
         same = rows[0] == rows[1]
         if same:
             compared += len(rows[0])
@@ -85,9 +82,6 @@ DIVERGENT = {
     "s2-ps1-w8-full32-host64": "host SWA after a write-through (known divergence 1)",
     "s11-ps16-w32-full512-host1024": "host SWA after a write-through (known divergence 1)",
     "s17-ps64-w96-full2048-host4096": "host SWA after a write-through (known divergence 1)",
-    # agree with scheduler=mirror; sglang's own Scheduler (the default) parts around an abort
-    "s1-ps1-w8-full24": "an out-of-memory abort in retract_decode one step earlier (known divergence 3)",
-    "s10-ps16-w32-full384": "the last decode step before an unschedulable abort (known divergence 3)",
 }
 AGREE = {c.name for c in CASES} - set(DIVERGENT)
 
