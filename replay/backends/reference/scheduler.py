@@ -66,7 +66,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
         self.forward_ct = 0
-        self.trace_ct = 0  # the last step number written to the trace (see ``_sample``)
+        self.trace_ct = 0  # the trace's step number: batch steps written so far (see ``_sample``)
         self._sampled_idle = False
         self.waiting: list[RefReq] = []
         self.running: list[RefReq] = []
@@ -307,12 +307,16 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         mode = {"idle": Mode.IDLE, "prefill": Mode.PREFILL, "decode": Mode.DECODE}[record.mode]
         # As the hooks' step clock on the real loop: steps count from 1, and of consecutive idle
         # steps only the first is written (``KVTRACE_IDLE_SAMPLE_MS``; an idle streak of a replay
-        # takes far less than that), so the numbering does not advance for the others.
+        # takes far less than that). Numbered as the hooks number sglang's Scheduler (its
+        # ``forward_ct``, batches run so far): an idle step repeats the number of the batch before
+        # it (``kvtrace diff`` aligns steps by position, so the mirror's numbering compares too).
         idle = record.mode == "idle"
         if idle and self._sampled_idle:
             return
         self._sampled_idle = idle
-        self.trace_ct = fct = self.trace_ct + 1
+        if not idle:
+            self.trace_ct += 1
+        fct = self.trace_ct
         tracer.sched(int(SchedKind.STEP), fct, int(mode), record.batch_size, record.num_tokens, 0)
         snap = self.model.snapshot()
         for name, pool in _POOLS:
