@@ -17,16 +17,19 @@ from replay.memory.allocator import DeviceAllocator
 from replay.memory.chunk_cache import ChunkCache
 from replay.memory.config import MemoryConfig
 from replay.memory.eic_cache import EICCache
-from replay.memory.host_pool import HostPool
-from replay.memory.integrity import check_model
 from replay.memory.radix_cache import RadixCache
 from replay.memory.requests import ReqState, RequestTable
 from replay.memory.results import EvictResult, MatchResult, MemoryModelError, PoolSnapshot
 from replay.memory.swa_allocator import PlainKVPools, SWAKVPools
 
 
+_OPS: list[str] = []  # names of the ``_op`` methods
+
+
 def _op(fn):
-    """Run ``check_integrity()`` after the call when the debug flag is on."""
+    """Run ``check_integrity()`` after the call when the debug flag is on (a model built without
+    the flag calls the undecorated method: see ``KVCacheModel.__init__``)."""
+    _OPS.append(fn.__name__)
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
@@ -56,6 +59,8 @@ class KVCacheModel:
             self.pools = PlainKVPools(full)
         self.host_full = self.host_swa = None
         if cfg.has_hicache:
+            from replay.memory.host_pool import HostPool  # torch: imported only with HiCache
+
             self.host_full = HostPool(cfg.host_pool_tokens, ps, cfg.host_free, "host_full")
             if cfg.has_swa and cfg.resolved_swa_host_pool_tokens > 0:
                 self.host_swa = HostPool(
@@ -68,6 +73,11 @@ class KVCacheModel:
         else:
             self.cache = RadixCache(cfg, self.pools, self.host_full, self.host_swa)
         self.requests = RequestTable()
+        if not cfg.debug_check_every_op:  # no check after each call: skip the wrappers' dispatch
+            for name in _OPS:
+                raw = getattr(getattr(type(self), name), "__wrapped__", None)  # None: overridden
+                if raw is not None:
+                    setattr(self, name, raw.__get__(self))
 
     @property
     def tree(self):
@@ -75,10 +85,10 @@ class KVCacheModel:
         return self.cache.tree
 
     def _key(self, page_hashes: Sequence[int], max_tokens: int | None) -> list[int]:
-        key = list(page_hashes)
+        # one copy at most (a list passes through when uncut: the tree never keeps a match key)
         if max_tokens is not None:
-            key = key[: max(0, max_tokens) // self.config.page_size]
-        return key
+            page_hashes = page_hashes[: max(0, max_tokens) // self.config.page_size]
+        return page_hashes if type(page_hashes) is list else list(page_hashes)
 
     # ---- admission ---------------------------------------------------------------------
 
@@ -93,6 +103,16 @@ class KVCacheModel:
             MatchResult in tokens.
         """
         return self.cache.match(self._key(page_hashes, max_tokens))
+
+    @_op
+    def touch(self, page_hashes: Sequence[int]) -> None:
+        """``match`` for its effects only (recency, splits, SWA LRU), no result: what the
+        scheduler's waiting-queue prefix refresh does with the matches it discards."""
+        touch = getattr(self.cache, "touch", None)
+        if touch is None:
+            self.cache.match(self._key(page_hashes, None))
+        else:
+            touch(self._key(page_hashes, None))
 
     @_op
     def admit(
@@ -283,6 +303,8 @@ class KVCacheModel:
         Raises:
             IntegrityError: on a leak, a double owner, a ledger drift or a broken identity.
         """
+        from replay.memory.integrity import check_model  # torch: imported only when checking
+
         return check_model(self)
 
     def stats(self) -> dict[str, int]:

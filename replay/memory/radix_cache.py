@@ -64,6 +64,10 @@ class RadixCache:
         """Prefix match (mutates recency, may split)."""
         return self.tree.match(key)
 
+    def touch(self, key: list[int]) -> None:
+        """``match`` for its effects only (see ``RadixTree.touch``)."""
+        self.tree.touch(key)
+
     def is_fresh(self, m: MatchResult) -> bool:
         """Whether a match's device anchor is still attached and on device."""
         node, root = m.last_device_node, self.tree.root

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
 from replay.memory.allocator import DeviceAllocator, num_new_pages
 from replay.memory.results import IntegrityError, MemoryModelError
 
@@ -180,10 +178,9 @@ class SWAKVPools(PlainKVPools):
             return []
         if any(self.mapping[f] for f in full_pages):
             raise MemoryModelError("alloc_swa_for: a full page already has an SWA peer")
-        pages = self.swa.alloc_pages(len(full_pages))
-        if pages is None:
+        swa = self.swa.alloc_page_list(len(full_pages))
+        if swa is None:
             return None
-        swa = pages.tolist()
         self._map(full_pages, swa)
         return swa
 
@@ -268,6 +265,8 @@ class SWAKVPools(PlainKVPools):
         Raises:
             IntegrityError: on any violation.
         """
+        import torch  # only the checks use torch
+
         self.full.check_integrity()
         self.swa.check_integrity()
         mapping = torch.tensor(self.mapping, dtype=torch.int64)

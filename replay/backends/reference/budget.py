@@ -75,8 +75,8 @@ class PrefillBudget:
         self.window = settings.sliding_window_tokens
         self.rem_chunk = settings.chunked_prefill_size
         self.rem_input = settings.max_prefill_tokens
-        self.total_offset = sum(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * ratio
-                                for r in running)
+        self.total_offset = sum([min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * ratio
+                                 for r in running])
         self.current_offset = 0
         self.swa_offset = 0
 

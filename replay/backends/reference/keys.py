@@ -2,59 +2,124 @@
 
 Token ids come from the real backend's :class:`replay.backends.sglang.tokens.TokenSynth` (a pure
 numpy module), so both backends see the same prompts and outputs and share exactly the same
-prefixes. A page's key is a chained 64-bit digest of the page's tokens keyed with the previous
-page's digest (one keyed blake2b call per page, no concatenation): equal keys = equal token
-prefixes (up to a 2^-64 collision).
+prefixes. A page's key is a chained 64-bit hash of every token up to the page's end: each page's
+tokens are hashed (position in the page mixed in, splitmix64 per token, summed, mixed again) and
+the chain is a polynomial over those page hashes modulo 2^64 (``c_k = c_{k-1} * P + h_k``) with a
+final splitmix64, so a run of new pages is hashed with a few numpy operations (no Python call per
+page). Equal keys = equal token prefixes (up to a ~2^-63 collision per pair of pages).
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+
+_MASK = (1 << 64) - 1
+_P = (0x100000001B3 * 0x9E3779B97F4A7C15 | 1) & _MASK  # an odd multiplier (invertible mod 2^64)
+_P_INV = pow(_P, -1, 1 << 64)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_POS = np.uint64(0xC2B2AE3D27D4EB4F)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer over a uint64 array (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def _cumpow(base: int, n: int) -> np.ndarray:
+    a = np.full(n, base, dtype=np.uint64)
+    a[0] = 1
+    with np.errstate(over="ignore"):
+        return np.cumprod(a, dtype=np.uint64)
+
+
+class _Powers:
+    """``P^j`` and ``P^-j`` mod 2^64 for j = 0..n-1, grown on demand (shared by every request)."""
+
+    def __init__(self) -> None:
+        self.pw = np.ones(1, dtype=np.uint64)
+        self.pwi = np.ones(1, dtype=np.uint64)
+
+    def get(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.pw) < m:
+            n = max(m, 2 * len(self.pw))
+            self.pw, self.pwi = _cumpow(_P, n), _cumpow(_P_INV, n)
+        return self.pw[:m], self.pwi[:m]
+
+
+_POWERS = _Powers()
+
+
+def page_keys(tokens: np.ndarray, page_size: int, prev: int = 0) -> tuple[list[int], int]:
+    """Keys of the whole pages of ``tokens`` chained after ``prev``.
+
+    Args:
+        tokens: int64 token ids (a multiple of ``page_size`` long).
+        page_size: tokens per page.
+        prev: the chain value after the previous page (0 at the start of a sequence).
+    Returns:
+        (keys as non-negative Python ints < 2^63, the chain value after the last page).
+    """
+    m = len(tokens) // page_size
+    if m == 0:
+        return [], prev
+    with np.errstate(over="ignore"):
+        x = np.ascontiguousarray(tokens, dtype=np.int64).view(np.uint64).reshape(m, page_size)
+        pos = (np.arange(1, page_size + 1, dtype=np.uint64) * _POS)
+        h = _mix64(_mix64(x + pos).sum(axis=1, dtype=np.uint64))
+        pw, pwi = _POWERS.get(m)
+        s = np.cumsum(h * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
+        c = pw * s  # c_k = P^k * (P * prev + sum_j h_j P^-j)
+        keys = (_mix64(c) >> np.uint64(1)).tolist()
+    return keys, int(c[-1])
 
 
 class PageKeys:
-    """Chained page keys of one token sequence, grown as tokens are appended.
-
-    The tokens live in one ``bytearray`` of little-endian int64 (a page's bytes are a slice, no
-    per-token Python ints), and keys are computed once per page, lazily.
+    """Chained page keys of one token sequence: the prompt, then the tokens of ``extra`` (a list
+    the caller appends to, e.g. the request's output ids); keys are computed once per page,
+    lazily.
 
     Args:
-        tokens: the initial token ids.
+        tokens: the prompt's token ids.
         page_size: tokens per page.
+        extra: the tokens after the prompt, appended to by the caller (a new list when None).
     """
 
-    __slots__ = ("buf", "ps", "keys", "_last")
+    __slots__ = ("prompt", "extra", "ps", "keys", "_last")
 
-    def __init__(self, tokens, page_size: int) -> None:
-        self.buf = bytearray(np.ascontiguousarray(tokens, dtype="<i8").tobytes())
+    def __init__(self, tokens, page_size: int, extra: list[int] | None = None) -> None:
+        self.prompt = np.ascontiguousarray(tokens, dtype=np.int64)
+        self.extra = [] if extra is None else extra
         self.ps = page_size
         self.keys: list[int] = []
-        self._last = b""  # the last page's digest (the next page's blake2b key)
+        self._last = 0  # the chain value after the last keyed page
 
     @property
     def num_tokens(self) -> int:
-        return len(self.buf) >> 3
+        return len(self.prompt) + len(self.extra)
 
     def append(self, token: int) -> None:
-        self.buf += int(token).to_bytes(8, "little", signed=True)
+        self.extra.append(int(token))
+
+    def _tokens(self, start: int, end: int) -> np.ndarray:
+        p = len(self.prompt)
+        if end <= p:
+            return self.prompt[start:end]
+        tail = np.array(self.extra[max(0, start - p):end - p], dtype=np.int64)
+        return tail if start >= p else np.concatenate((self.prompt[start:], tail))
 
     def up_to(self, num_tokens: int) -> list[int]:
         """Keys of the full pages within the first ``num_tokens`` tokens (the object's own list
         when that is every key computed so far: callers copy, never mutate)."""
-        n = min(num_tokens, len(self.buf) >> 3) // self.ps
         keys = self.keys
+        n = min(num_tokens, len(self.prompt) + len(self.extra)) // self.ps
         if len(keys) < n:
-            step = self.ps * 8
-            buf, blake, append = memoryview(self.buf), hashlib.blake2b, keys.append
-            prev = self._last
-            for i in range(len(keys), n):
-                prev = blake(buf[i * step:(i + 1) * step], digest_size=8, key=prev).digest()
-                append(int.from_bytes(prev, "little") >> 1)
-            self._last = prev
-            buf.release()
+            ps = self.ps
+            new, self._last = page_keys(self._tokens(len(keys) * ps, n * ps), ps, self._last)
+            keys.extend(new)
         return keys if n == len(keys) else keys[:n]
 
 
-__all__ = ["PageKeys"]
+__all__ = ["PageKeys", "page_keys"]

@@ -21,7 +21,7 @@ class RefReq:
         self.max_new_tokens = max_new_tokens
         self.plan = plan
         self.output_ids: list[int] = []
-        self.keys = PageKeys(prompt, ps)
+        self.keys = PageKeys(prompt, ps, self.output_ids)  # keys read the output ids as they grow
         self.prefix_len = 0
         self.extend_end = 0
         self.in_model = False

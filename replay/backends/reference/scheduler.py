@@ -145,7 +145,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
             self._active[req.rid] = req
             tracer.request(int(RequestEvent.ARRIVAL), req.rid, int(wreq.session_id), int(wreq.turn),
                            req.input_len, int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid),
-                           [int(h) for h in wreq.page_hashes])
+                           _int_list(wreq.page_hashes))
             if wreq.input_len + s.page_size >= s.full_pool_tokens:
                 self._complete(req, "too_long")
             else:
@@ -212,9 +212,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         return req.plan[n] if n < len(req.plan) else EOS_TOKEN_ID
 
     def _append_token(self, req: RefReq) -> None:
-        tok = self._next_token(req)
-        req.output_ids.append(tok)
-        req.keys.append(tok)
+        req.output_ids.append(self._next_token(req))  # the request's keys read output_ids
 
     def _process_prefill(self, batch: list[RefReq]) -> None:
         for req in batch:
@@ -236,9 +234,9 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
             for req in batch:
                 n = len(req.output_ids)  # _append_token, inlined on the per-token path
                 tok = req.plan[n] if n < len(req.plan) else EOS_TOKEN_ID
-                req.output_ids.append(tok)
-                req.keys.append(tok)
-                if req.finished():
+                out = req.output_ids
+                out.append(tok)
+                if tok == EOS_TOKEN_ID or len(out) >= req.max_new_tokens:  # ``req.finished()``
                     self._release(req, checkpoint=True)
                     self._complete(req, "finished")
         finally:
@@ -326,6 +324,11 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
 
     def _occ_text(self) -> str:
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
+
+
+def _int_list(xs) -> list[int]:
+    """Python ints of a numpy array or a sequence."""
+    return xs.tolist() if hasattr(xs, "tolist") else [int(x) for x in xs]
 
 
 __all__ = ["ReferenceBackend", "RefReq"]

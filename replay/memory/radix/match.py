@@ -53,6 +53,18 @@ class MatchMixin:
             a MatchResult (tokens), with prefix_pages for the device hit.
         Mutates: splits, SWA LRU order, last_access stamps.
         """
+        return self._finish_match(*self._match_walk(key))
+
+    def touch(self, key: list[int]) -> None:
+        """``match`` for its effects only (splits, SWA LRU refresh, recency stamps), without
+        building a result (the scheduler's waiting-queue prefix refresh discards it)."""
+        best = self._match_walk(key)[1]
+        self.refresh_swa_lru(best)
+        self._stamp_path(best)
+
+    def _match_walk(self, key: list[int]) -> tuple:
+        """The walk of ``match``: (FULL values, best node, best device node, device chunks,
+        FULL-hit pages). Mutates: splits."""
         ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
         node, off, n = self.root, 0, len(key)
         values: list[list[int]] = []
@@ -103,7 +115,7 @@ class MatchMixin:
             off += m
             if partial:
                 break
-        return self._finish_match(values, best, best_dev, best_dev_chunks, full_hit_pages)
+        return values, best, best_dev, best_dev_chunks, full_hit_pages
 
     def _finish_match(self, values, best, best_dev, best_dev_chunks, full_hit_pages) -> MatchResult:
         ps, root = self.ps, self.root

@@ -1,0 +1,122 @@
+"""The reference backend's fast paths decide exactly as the paths they replace: the list free
+list against a head-first model of it, ``touch`` against ``match``, vectorized page keys against
+their own incremental form, and a reference replay without torch."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from replay.backends.reference.keys import PageKeys
+from replay.memory.allocator import DeviceAllocator
+
+from .conftest import seq
+
+
+@pytest.mark.parametrize("mode", ["prepend", "append", "sorted_merge"])
+def test_free_list_matches_a_head_first_list(mode):
+    rng = random.Random(7)
+    a = DeviceAllocator(64 * 4, 4, mode)
+    free, staged, held = list(range(1, 65)), [], []  # head first, as SGLang's tensor
+    for _ in range(400):
+        if held and rng.random() < 0.45:
+            chunk = held.pop(rng.randrange(len(held)))
+            a.free_page_chunks([chunk])
+            if mode == "sorted_merge":
+                staged += chunk
+            else:
+                free = chunk + free if mode == "prepend" else free + chunk
+        else:
+            n = rng.randint(0, 6)
+            if n > len(free) and staged:
+                free, staged = sorted(free + staged), []
+            got = a.alloc_page_list(n)
+            if n > len(free):
+                assert got is None
+                continue
+            assert got == free[:n]
+            free = free[n:]
+            held.append(got)
+        assert a.free_pages.tolist() == free and a.available_pages() == len(free) + len(staged)
+        a.check_integrity()
+
+
+def test_free_group_releases_token_frees_then_page_frees():
+    a = DeviceAllocator(16, 4, "prepend")
+    a.alloc_page_list(3)  # pages 1..3
+    a.free_group_begin()
+    a.free_page_ids([1])
+    a.free([8, 9])  # page 2, by token
+    assert a.pending_group_page_ids().tolist() == [1, 2] and a.available_pages() == 1
+    a.free_group_end()
+    assert a.free_pages.tolist() == [1, 2, 4]
+
+
+def _tree_state(model):
+    """Every node's key, recency stamp and locks (children by key), and the SWA LRU order."""
+    tree, nodes, stack = model.tree, [], [model.tree.root]
+    while stack:
+        node = stack.pop()
+        nodes.append((tuple(node.key), node.last_access, node.full_lock))
+        stack.extend(node.children[k] for k in sorted(node.children))
+    lru, k = tree.swa_lru, tree.swa_lru.k
+    order, cur = [], lru.head.lru_next[k]
+    while cur is not lru.tail:
+        order.append(tuple(cur.key))
+        cur = cur.lru_next[k]
+    return nodes, order
+
+
+@pytest.mark.parametrize("window", [0, 8])
+def test_touch_has_the_effects_of_a_discarded_match(make_model, window):
+    def build():
+        kw = dict(page_size=4, full_pool_tokens=512, debug_check_every_op=True)
+        if window:
+            kw.update(sliding_window_tokens=window, swa_pool_tokens=512)
+        m = make_model(**kw)
+        for rid, tag, n in (("a", 1, 6), ("b", 1, 9), ("c", 2, 5)):
+            keys = seq(tag, n)
+            m.admit(rid, keys, m.match(keys))
+            assert m.alloc_extend(rid, n * 4 - m.request(rid).seq_tokens)
+            m.release(rid)
+        return m
+
+    probes = [seq(1, 4), seq(1, 12), seq(2, 3) + [5], seq(3, 2)]
+    a, b = build(), build()
+    for p in probes:
+        a.match(p)
+        b.touch(p)
+    assert _tree_state(a) == _tree_state(b)
+    for p in probes:  # the same matches afterwards (splits, recency)
+        ma, mb = a.match(p), b.match(p)
+        assert (ma.device_hit_tokens, ma.prefix_pages) == (mb.device_hit_tokens, mb.prefix_pages)
+
+
+def test_page_keys_incremental_equals_one_shot_and_chain_prefixes():
+    rng = np.random.default_rng(3)
+    toks = rng.integers(1, 2**31, size=4000)
+    out = rng.integers(1, 2**31, size=300).tolist()
+    whole = PageKeys(np.concatenate([toks, out]), 16).up_to(5000)
+    grown_out: list[int] = []
+    k = PageKeys(toks, 16, grown_out)
+    k.up_to(1000)
+    for t in out:
+        grown_out.append(t)
+        k.up_to(rng.integers(0, 5000))
+    assert k.up_to(5000) == whole and len(whole) == 4300 // 16
+    other = toks.copy()
+    other[16 * 7 + 3] += 1
+    diff = PageKeys(other, 16).up_to(4000)
+    assert diff[:7] == whole[:7] and all(x != y for x, y in zip(diff[7:], whole[7:250]))
+    assert len(set(whole)) == len(whole) and all(0 <= x < 2**63 for x in whole)
+
+
+def test_reference_replay_path_does_not_import_torch():
+    code = ("import sys, replay.runs.replay, replay.backends.reference.run, replay.memory; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
