@@ -23,6 +23,7 @@ from tracer.sglang.wrappers import after_init
 
 def _swa_init(self) -> None:
     self.__dict__.pop("_kvt_tagged", None)  # a subclass may rebuild its leaves
+    self.__dict__.pop("_kvt_sample", None)  # (the sampler's cached facts, runtime.sampler)
     tag_swa(self)
     state.registry.allocator = self
     state.touch("allocator")

@@ -213,40 +213,56 @@ def _tree_sizes():
         return None
 
 
+def _alloc_facts(alloc) -> tuple:
+    """``(is_swa, ring, page_size)`` of a top-level allocator, cached on it (``_kvt_sample``):
+    they are fixed when it is built, and the sampler reads them at every sample."""
+    d = alloc.__dict__
+    f = d.get("_kvt_sample")
+    if f is None:
+        is_swa = hasattr(alloc, "swa_available_size") and hasattr(alloc, "size_swa")
+        f = d["_kvt_sample"] = (is_swa, bool(getattr(alloc, "_swa_req_ring", False)), alloc.page_size)
+    return f
+
+
 def _sample(fct: int) -> int:
-    tree = state.registry.tree
-    alloc = state.registry.allocator
+    reg = state.registry
+    ref = reg._tree  # (the registry's weak references, read without the properties' calls)
+    tree = ref() if ref is not None else None
+    ref = reg._allocator
+    alloc = ref() if ref is not None else None
     if alloc is None and tree is not None:
         alloc = tree.token_to_kv_pool_allocator
     rows = 0
+    stats = tracer.stats
     if alloc is not None:
-        is_swa = hasattr(alloc, "swa_available_size") and hasattr(alloc, "size_swa")
-        ps = alloc.page_size
-        tree_swa = tree is not None and getattr(tree, "is_swa_enabled", False)
+        is_swa, ring, ps = _alloc_facts(alloc)
         full_held, swa_held = held_tokens(tree, ps, is_swa)
         if is_swa:
             full_cap, full_av = int(alloc.size_full), int(alloc.full_available_size())
         else:
             full_cap, full_av = int(alloc.size), int(alloc.available_size())
-        ev = int(tree.full_evictable_size()) if tree is not None else 0
-        pr = int(tree.full_protected_size()) if tree is not None else 0
+        if tree is not None:
+            ev, pr = int(tree.full_evictable_size()), int(tree.full_protected_size())
+        else:
+            ev = pr = 0
         loop.last_tree = (ev, pr)
-        tracer.stats(fct, FULL, full_cap, full_av, ev, pr, full_held)
+        stats(fct, FULL, full_cap, full_av, ev, pr, full_held)
         rows += 1
-        if is_swa and not getattr(alloc, "_swa_req_ring", False):
+        if is_swa and not ring:
+            tree_swa = tree is not None and getattr(tree, "is_swa_enabled", False)
             ev = int(tree.swa_evictable_size()) if tree_swa else 0
             pr = int(tree.swa_protected_size()) if tree_swa else 0
-            tracer.stats(fct, SWA, int(alloc.size_swa), int(alloc.swa_available_size()), ev, pr,
-                         swa_held)
+            stats(fct, SWA, int(alloc.size_swa), int(alloc.swa_available_size()), ev, pr, swa_held)
             rows += 1
-    for hp in list(state.registry.host_pools.values()):
-        pool = hp.__dict__.get("_kvt_pool", HOST_FULL)
-        if pool is None:
-            continue
-        cap = int(getattr(hp, "logical_size", hp.size))
-        av = int(hp.available_size())
-        tracer.stats(fct, pool, cap, av, cap - av, 0, 0)
-        rows += 1
+    if reg.host_pools:  # (a WeakValueDictionary: iterating it is Python code, even when empty)
+        for hp in list(reg.host_pools.values()):
+            pool = hp.__dict__.get("_kvt_pool", HOST_FULL)
+            if pool is None:
+                continue
+            cap = int(getattr(hp, "logical_size", hp.size))
+            av = int(hp.available_size())
+            stats(fct, pool, cap, av, cap - av, 0, 0)
+            rows += 1
     return rows
 
 
