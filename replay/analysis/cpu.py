@@ -3,7 +3,9 @@ against the free-list size at the time of the op).
 
 ``pool`` rows carry ``dur_ns`` (CPU time of the op, 0 when not measured). Ops are attributed to
 the scheduling step whose ``sched`` step row is the first one after them in ``seq`` order (the
-hooks write a step row at the end of its step). The free-list size of an op is the pool's
+hooks write a step row at the end of its step). Steps are told apart by their place in the trace,
+not by ``forward_ct``: sglang's own ``Scheduler`` counts batches run, so an idle step's row
+repeats the ``forward_ct`` of the batch step before it (each keeps its own row and ops here). The free-list size of an op is the pool's
 ``available`` in the last ``stats`` sample before it (host pools: free + released slots).
 """
 
@@ -23,8 +25,9 @@ class AllocatorCpu:
     Attributes:
         per_op: one row per (pool, op): ``ops, total_ns, mean_us, p50_us, p90_us, p99_us, max_us,
             share_of_step_pct`` (op CPU over the trace's total step time).
-        per_step: one row per step: ``forward_ct, ts_ns, step_ns, alloc_cpu_ns, ops,
-            share_of_step`` (allocator CPU of the selected pools / step time).
+        per_step: one row per step row, in trace order: ``forward_ct, ts_ns, step_ns,
+            alloc_cpu_ns, ops, share_of_step`` (allocator CPU of the selected pools / step time;
+            ``forward_ct`` as recorded, which may repeat, see the module docstring).
         vs_free_list: one row per op: ``pool, op, seq, ts_ns, num_slots, dur_ns, free_list_slots``.
     """
 
@@ -45,6 +48,7 @@ def host_allocator_cpu(trace, pools=HOST_POOLS) -> AllocatorCpu:
            .filter(pl.col("pool").is_in(pools) & (pl.col("dur_ns") > 0)))
     steps = (t.lazy("sched").filter(pl.col("kind").cast(pl.String) == "step")
              .select("seq", "forward_ct", pl.col("ts_ns").alias("step_ts_ns"), "step_ns"))
+    pos = steps.sort("seq").with_row_index("_step")  # the n-th step row: forward_ct may repeat
     total_step_ns = steps.select(pl.col("step_ns").sum())
     dur_us = pl.col("dur_ns") / 1e3
     per_op = (ops.group_by("pool", "op")
@@ -56,15 +60,15 @@ def host_allocator_cpu(trace, pools=HOST_POOLS) -> AllocatorCpu:
                             .then(100.0 * pl.col("total_ns") / pl.col("step_ns")).otherwise(None))
               .drop("step_ns")
               .sort("pool", "op"))
-    per_step = (ops.sort("seq").join_asof(steps.sort("seq"), on="seq", strategy="forward")
-                .filter(pl.col("forward_ct").is_not_null())
-                .group_by("forward_ct").agg(alloc_cpu_ns=pl.col("dur_ns").sum(), ops=pl.len().cast(pl.Int64)))
-    per_step = (steps.join(per_step, on="forward_ct", how="left")
+    per_step = (ops.sort("seq").join_asof(pos.select("seq", "_step"), on="seq", strategy="forward")
+                .filter(pl.col("_step").is_not_null())
+                .group_by("_step").agg(alloc_cpu_ns=pl.col("dur_ns").sum(), ops=pl.len().cast(pl.Int64)))
+    per_step = (pos.join(per_step, on="_step", how="left")
                 .with_columns(pl.col("alloc_cpu_ns", "ops").fill_null(0))
+                .sort("_step")
                 .select("forward_ct", pl.col("step_ts_ns").alias("ts_ns"), "step_ns", "alloc_cpu_ns", "ops")
                 .with_columns(share_of_step=pl.when(pl.col("step_ns") > 0)
-                              .then(pl.col("alloc_cpu_ns") / pl.col("step_ns")).otherwise(None))
-                .sort("forward_ct"))
+                              .then(pl.col("alloc_cpu_ns") / pl.col("step_ns")).otherwise(None)))
     stats = (t.lazy("stats").select("seq", pl.col("pool").cast(pl.String),
                                     pl.col("available").alias("free_list_slots"))
              .filter(pl.col("pool").is_in(pools)).sort("seq"))
