@@ -57,6 +57,10 @@ class MemoryConfig:
             sgl-project/sglang#27402; on by default in 0.5.23). The memory model applies the
             at-insert part (:attr:`swa_free_at_unfinished_insert`); the decode cadence is the
             scheduler's.
+        hicache_write_ack: ``immediate`` (a write-through backup is done when it returns) or
+            ``next_step`` (as SGLang acknowledges it: the backup locks its node and stays
+            pending until :meth:`KVCacheModel.ack_write_through`, which a scheduler calls once
+            per step). Model-only, not a knob.
         debug_check_every_op: run ``check_integrity()`` after every public operation.
     """
 
@@ -75,6 +79,7 @@ class MemoryConfig:
     load_back_threshold_tokens: int = 10
     swa_release_boundary: str = "max_window_page"
     swa_out_of_window_release: str = "decode_and_unfinished_insert"
+    hicache_write_ack: str = "immediate"
     debug_check_every_op: bool = False
 
     def __post_init__(self) -> None:
@@ -95,6 +100,7 @@ class MemoryConfig:
         _choice("host_free", self.host_free, HOST_FREE_MODES)
         _choice("swa_lru_refresh", self.swa_lru_refresh, SWA_LRU_REFRESH_MODES)
         _choice("hicache_write_policy", self.hicache_write_policy, HICACHE_WRITE_POLICIES)
+        _choice("hicache_write_ack", self.hicache_write_ack, ("immediate", "next_step"))
         _choice("swa_release_boundary", self.swa_release_boundary, SWA_RELEASE_BOUNDARIES)
         _choice("swa_out_of_window_release", self.swa_out_of_window_release, SWA_OUT_OF_WINDOW_RELEASES)
         from replay.memory.policies import POLICIES

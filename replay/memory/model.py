@@ -265,6 +265,13 @@ class KVCacheModel:
         return self.cache.evict_host(full_tokens, swa_tokens)
 
     @_op
+    def ack_write_through(self) -> int:
+        """Acknowledge the pending write-through backups (``hicache_write_ack=next_step``):
+        release their locks. Returns how many there were (0 without a radix tree)."""
+        tree = self.cache.tree
+        return tree.ack_write_through() if tree is not None else 0
+
+    @_op
     def free_group_begin(self) -> None:
         """Defer device frees until ``free_group_end`` (occupancy lags meanwhile)."""
         self.pools.free_group_begin()

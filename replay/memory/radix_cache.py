@@ -42,6 +42,7 @@ class RadixCache:
             write_policy=cfg.hicache_write_policy,
             write_through_threshold=cfg.write_through_threshold,
             load_back_threshold_tokens=cfg.load_back_threshold_tokens,
+            defer_write_ack=cfg.hicache_write_ack == "next_step",
         )
 
     # ---- ledgers -----------------------------------------------------------------------

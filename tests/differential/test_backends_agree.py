@@ -42,10 +42,10 @@ def test_at_least_twenty_cases_cover_the_grid():
     assert any(c.host_pool_tokens for c in CASES) and any(not c.host_pool_tokens for c in CASES)
 
 
-# Cases whose admit rows (budgets included) part before their first step difference
-# (docs/fidelity.md, "Known divergences" 2). Strict both ways: a listed case that starts agreeing,
-# or an unlisted one that parts, fails.
-ADMIT_ROWS_PART = {"s8-ps16-w8-full512-host1024"}
+# Cases whose admit rows (budgets included) part before their first step difference (none since
+# the write-through acknowledgement was restated: docs/fidelity.md). Strict both ways: a listed
+# case that starts agreeing, or an unlisted one that parts, fails.
+ADMIT_ROWS_PART: set[str] = set()
 
 
 def test_admission_budgets_agree_before_the_first_divergence(runs):
@@ -78,11 +78,7 @@ def test_admission_budgets_agree_before_the_first_divergence(runs):
 
 # Cases that still part from the real code (docs/fidelity.md, "Known divergences"), with the
 # reason: each is a strict xfail, so one that starts agreeing fails the suite until it is removed.
-DIVERGENT = {
-    "s2-ps1-w8-full32-host64": "host SWA after a write-through (known divergence 1)",
-    "s11-ps16-w32-full512-host1024": "host SWA after a write-through (known divergence 1)",
-    "s17-ps64-w96-full2048-host4096": "host SWA after a write-through (known divergence 1)",
-}
+DIVERGENT: dict[str, str] = {}
 AGREE = {c.name for c in CASES} - set(DIVERGENT)
 
 

@@ -98,6 +98,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         """Step until every request has finished or been aborted."""
         while not self.done:
             self.step()
+        self.model.ack_write_through()  # the last acks, as the real loop's ``close_step``
         self.result.final_occupancy = {k: v.__dict__ for k, v in self.model.snapshot().items()}
         return self.result
 
@@ -108,6 +109,8 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         if begin is not None:
             begin(self.clock_ns)
         self._admit_arrivals()
+        # HiCache write acks where sglang's Scheduler polls them (``check_hicache_events``)
+        self.model.ack_write_through()
         batch, mode = self._next_batch()
         if batch is None:
             record = self._idle_step(self._last_retracted)

@@ -45,7 +45,8 @@ class ReferenceSettings(BackendSettings):
             device_free=self.device_free, host_free=self.host_free, swa_lru_refresh=self.swa_lru_refresh,
             eviction_policy=self.eviction_policy, hicache_write_policy=self.hicache_write_policy,
             swa_release_boundary=self.swa_release_boundary,
-            swa_out_of_window_release=self.swa_out_of_window_release)
+            swa_out_of_window_release=self.swa_out_of_window_release,
+            hicache_write_ack="next_step")  # acknowledged at the next step, as sglang's Scheduler
 
     def server(self) -> dict:
         """Manifest ``server`` block (``tracer.schema.SERVER_KEYS``)."""

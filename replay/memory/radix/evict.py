@@ -149,11 +149,25 @@ class EvictMixin:
             if x in self.device_leaves:
                 self.evict_device_leaf(x, res)
             else:
-                if self.hicache and self.write_back and x.swa_host is None and self.host_swa:
-                    self.backup_swa_window(x)
+                if self.hicache and self.write_back:
+                    self._write_back_before_tombstone(x)
                 self._tombstone(x, res)
             if self.swa_available_tokens() >= target:
                 break
+
+    def _write_back_before_tombstone(self, node) -> None:
+        """Under write_back, back up an unbacked internal node (FULL and its window's SWA)
+        before its SWA is tombstoned, as SGLang's ``InternalStateBackup``: only when neither
+        its FULL nor its SWA has a host copy and the window has unbacked SWA; the SWA host
+        pool is first cleared of the whole window's tokens when it holds fewer."""
+        if self.host_swa is None or node.swa_host is not None or node.full_host is not None:
+            return
+        need = sum(len(n.key) for n in self._swa_window_unbacked(node)) * self.ps
+        if not need:
+            return
+        if self.host_swa.available_tokens() < need:
+            self.evict_host(swa_tokens=need)
+        self.backup(node, write_back=True)
 
     def _tombstone(self, node, res: EvictResult) -> None:
         res.swa_tokens += len(node.swa) * self.ps

@@ -100,7 +100,7 @@ class InsertMixin:
                     self.backup(node)
                 self._touch_leaf(node)
             elif self.hicache and not self.write_back and node.full_host is not None:
-                self.backup_swa_window(node)
+                self.backup_incremental(node)
         branch_done = swa_branching_tokens is not None and n * ps >= swa_branching_tokens
         return InsertResult(prefix_tokens, node, dups, branch_done)
 

@@ -20,7 +20,7 @@ class Node:
     __slots__ = (
         "id", "parent", "children", "key", "full", "swa", "full_host", "swa_host",
         "full_lock", "swa_lock", "swa_uuid", "last_access", "creation_time", "hit_count",
-        "priority", "lru_prev", "lru_next", "heap_ver", "dev_children",
+        "priority", "lru_prev", "lru_next", "heap_ver", "dev_children", "wt_pending",
     )
 
     def __init__(self, node_id: int, key: list[int], parent: Node | None, now: float):
@@ -43,6 +43,7 @@ class Node:
         self.lru_next: list[Node | None] = [None, None]
         self.heap_ver = [0, 0]  # entry versions in the device / host leaf heaps
         self.dev_children = 0  # children with device FULL (O(1) device-leaf test)
+        self.wt_pending: int | None = None  # ack id of a write-through not yet acknowledged
 
     @property
     def num_pages(self) -> int:

@@ -36,6 +36,9 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         write_policy: ``write_through`` | ``write_through_selective`` | ``write_back``.
         write_through_threshold: hit count that triggers a write-through backup.
         load_back_threshold_tokens: host hits smaller than this are not loaded back.
+        defer_write_ack: a write-through backup locks its node and stays pending until
+            ``ack_write_through`` (SGLang's acknowledgement at the next scheduler step);
+            False acknowledges it at once.
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         write_policy: str = "write_through",
         write_through_threshold: int = 1,
         load_back_threshold_tokens: int = 10,
+        defer_write_ack: bool = False,
     ):
         self.pools = pools
         self.ps = page_size
@@ -64,6 +68,9 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self.write_back = write_policy == "write_back"
         self.write_through_threshold = write_through_threshold
         self.load_back_threshold_tokens = load_back_threshold_tokens
+        self.defer_write_ack = defer_write_ack
+        self._wt_acks: dict[int, tuple] = {}  # ack id -> (lock receipt, nodes marked pending)
+        self._next_ack = 0
         self.load_back_evicted: list = []  # the EvictResults of the last load_back's device room
         self.clock = 0.0
         self._next_node_id = 0
@@ -267,6 +274,9 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         new.full_lock = child.full_lock
         new.swa_lock = child.swa_lock
         new.swa_uuid, child.swa_uuid = child.swa_uuid, None
+        if child.wt_pending is not None:  # both halves stay pending under the same ack
+            new.wt_pending = child.wt_pending
+            self._wt_acks[child.wt_pending][1].append(new)
         new.dev_children = 1 if child.full is not None else 0
         for attr in ("full", "swa", "full_host", "swa_host"):
             value = getattr(child, attr)
