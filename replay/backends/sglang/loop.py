@@ -147,13 +147,21 @@ class SglangBackend(SchedulerMirror):
             on_progress: called with the number of requests completed in each step.
         Returns:
             :class:`RunResult` (also ``self.result``).
+
+        The steps run with autograd off, as sglang's ``Scheduler.event_loop_normal`` runs them
+        (its ``DynamicGradMode``: ``torch.no_grad`` unless ``SGLANG_ENABLE_TORCH_INFERENCE_MODE``):
+        no tensor of the scheduling or memory code needs gradients, and every small torch op of
+        a step then skips autograd's dispatch (tensor values are the same).
         """
-        while not self.done:
-            before = self.result.num_finished + self.result.num_aborted
-            self.step()
-            if on_progress is not None:
-                on_progress(self.result.num_finished + self.result.num_aborted - before)
-        self.close_step()
+        import torch
+
+        with torch.no_grad():
+            while not self.done:
+                before = self.result.num_finished + self.result.num_aborted
+                self.step()
+                if on_progress is not None:
+                    on_progress(self.result.num_finished + self.result.num_aborted - before)
+            self.close_step()
         self.result.final_occupancy = {p: o.as_dict() for p, o in self.occupancy().items()}
         return self.result
 

@@ -54,6 +54,37 @@ PATCHES: tuple[PatchInfo, ...] = (
 )
 
 
+#: Parts of sglang's own ``Scheduler`` a replay turns off for speed, applied to every
+#: ``scheduler=real`` backend (not a policy knob, not in a run's ``patches``): each only feeds a
+#: server's other processes and is read by no scheduling or memory decision.
+#: tests/sglang/test_backend_speed_patches.py checks that a replay with them is unchanged.
+SPEED_PATCHES: tuple[PatchInfo, ...] = (
+    PatchInfo("scheduler", "real",
+              "Scheduler.load_snapshot_writer -> None (as on a scheduler that is not rank 0): "
+              "publish_load_snapshot returns before SchedulerLoadInquirer.get_loads, an O(waiting "
+              "queue) walk (read-only) encoded into a /dev/shm slot for a router, every 10th "
+              "step and after every prefill",
+              "no router or DP balancer reads a replay's load snapshot"),
+)
+
+
+def drop_load_snapshot(sched) -> None:
+    """:data:`SPEED_PATCHES`: close the Scheduler's load-snapshot writer and remove its /dev/shm
+    file now (``Scheduler.publish_load_snapshot`` returns None without one)."""
+    import os
+
+    writer = getattr(sched, "load_snapshot_writer", None)
+    if writer is None:
+        return
+    sched.load_snapshot_writer = None
+    with contextlib.suppress(Exception):
+        writer.close()
+    path = getattr(writer, "path", None)
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
 @contextlib.contextmanager
 def _full_ancestry_refresh(tree) -> Iterator[None]:
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType, TreeComponent
