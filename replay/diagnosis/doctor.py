@@ -112,7 +112,7 @@ def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False
     page = int(server.get("page_size") or 1)
     window = int(server.get("sliding_window_tokens") or 0)
     st = load_stats(tr, rank)
-    rep = DoctorReport(str(tr.path), _identity(st, page), _growth(st, page, _batch_sizes(tr, rank)),
+    rep = DoctorReport(str(tr.path), _identity(st, page), _growth(st, page, *_step_of_samples(tr, rank, st)),
                        [], [], [])
     if tr.num_dropped:
         rep.notes.append(f"{tr.num_dropped} events were dropped while recording; attribution may "
@@ -146,15 +146,17 @@ def _identity(st, page: int) -> list[dict]:
     return out
 
 
-def _samples(st, batch: dict[int, int]) -> tuple[np.ndarray, str]:
-    """Steps at comparable load: drains, else the lightest batch size seen at enough steps,
-    else the lightest sample of each time bin."""
+def _samples(st, step: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, str]:
+    """Steps (positions, see :func:`_step_of_samples`) at comparable load: drains, else the
+    lightest batch size seen at enough steps, else the lightest sample of each time bin."""
     fm = st.pool == int(Pool.FULL)
-    steps, held = st.forward_ct[fm], st.held[fm]
+    steps, held = step[fm], st.held[fm]
     drains = np.flatnonzero(held == 0)
     if len(drains) >= MIN_DRAINS:
         return steps[drains], "drains (no request-private KV)"
-    sizes = np.array([batch.get(int(s), -1) for s in steps])
+    sizes = np.full(len(steps), -1, dtype=np.int64)
+    known = steps >= 0
+    sizes[known] = batch[steps[known]]
     for b in np.unique(sizes[sizes >= 0]):
         at = np.flatnonzero(sizes == b)
         if len(at) >= MIN_DRAINS:
@@ -165,12 +167,12 @@ def _samples(st, batch: dict[int, int]) -> tuple[np.ndarray, str]:
     return steps[np.asarray(pick, dtype=np.int64)], f"lowest-load sample of {len(pick)} time bins"
 
 
-def _growth(st, page: int, batch: dict[int, int]) -> dict:
-    steps, how = _samples(st, batch)
+def _growth(st, page: int, step: np.ndarray, batch: np.ndarray) -> dict:
+    steps, how = _samples(st, step, batch)
     out = {}
     for p in np.unique(st.pool):
         m = st.pool == p
-        sel = m & np.isin(st.forward_ct, steps)
+        sel = m & np.isin(step, steps)
         if sel.sum() < 3:
             continue
         # non-evictable usage minus request-private KV (load): protected + slots nobody owns
@@ -186,14 +188,21 @@ def _growth(st, page: int, batch: dict[int, int]) -> dict:
     return out
 
 
-def _batch_sizes(tr, rank: int) -> dict[int, int]:
-    """forward_ct -> batch size of the step rows (the load of the step)."""
+def _step_of_samples(tr, rank: int, st) -> tuple[np.ndarray, np.ndarray]:
+    """Each ``stats`` row's step, and the batch size (the load) of each step.
+
+    A step is the position of its ``sched`` step row in the trace (0 = the first), and a stats
+    row belongs to the last step row before it (-1: none; the hooks sample after the step row).
+    Not ``forward_ct``: sglang's own Scheduler counts batches run, so an idle step's rows repeat
+    the number of the batch step before it."""
     from replay.diagnosis.columns import codes, num
     from tracer.schema import SchedKind
 
-    t = tr.table("sched", rank).select(["kind", "forward_ct", "batch_size"])
-    step = codes(t.column("kind"), SchedKind) == int(SchedKind.STEP)
-    return dict(zip(num(t, "forward_ct")[step].tolist(), num(t, "batch_size")[step].tolist()))
+    t = tr.table("sched", rank).select(["seq", "kind", "batch_size"])
+    is_step = codes(t.column("kind"), SchedKind) == int(SchedKind.STEP)
+    seq, batch = num(t, "seq")[is_step], num(t, "batch_size")[is_step]
+    order = np.argsort(seq, kind="stable")
+    return np.searchsorted(seq[order], st.seq, side="left") - 1, batch[order]
 
 
 def _causes(holders: list[dict], st) -> list[dict]:
