@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 TIMER_DIR = ROOT / "bench" / "live_timer"
 LEVELS = ("steps", "counts", "pages")
 EXTEND, DECODE = 1, 2  # sglang ForwardMode values
+EXTRA_FLAGS = ("--sleep-on-idle",)  # idle servers wait on their sockets instead of spinning
 MODE_NAMES = {EXTEND: "extend", DECODE: "decode", 3: "mixed", 4: "idle"}
 
 
@@ -90,11 +91,9 @@ def _flush(port: int) -> None:
         raise RuntimeError(f"/flush_cache answered {status}: {text[:300]}")
 
 
-# ------------------------------------------------------------------ one server
-def run_mode(mode: str, model: Path, work: Path, *, waves: int, batch: int, new_tokens: int,
-             threads: int = 1) -> dict:
-    """Start a server in ``mode`` (``off``/``off2`` or a level), send the requests, stop it;
-    returns the timer's iterations of the measured part and the run's facts."""
+# ------------------------------------------------------------------ servers
+def _server(mode: str, model: Path, work: Path, threads: int):
+    """A (not yet started) server in ``mode`` (``off``/``off2`` or a level) with the timer."""
     from tests.live import live_util as lu
 
     d = work / mode
@@ -103,44 +102,90 @@ def run_mode(mode: str, model: Path, work: Path, *, waves: int, batch: int, new_
         old.unlink()
     port = lu.free_port()
     server = [str(lu.VENV_BIN / "python"), "-m", "sglang.launch_server", "--model-path", str(model),
-              "--port", str(port), *lu.BASE_FLAGS]
+              "--port", str(port), *lu.BASE_FLAGS, *EXTRA_FLAGS]
     argv = server if mode.startswith("off") else [
-        str(lu.VENV_BIN / "kvtrace"), "launch", "--out", str(d / "trace"), "--detail", mode, "--force", "--",
-        *server]
+        str(lu.VENV_BIN / "kvtrace"), "launch", "--out", str(d / "trace"), "--detail", mode,
+        "--force", "--", *server]
     env = lu.stub_env()
     rest = [p for p in env["PYTHONPATH"].split(os.pathsep) if p and Path(p) != lu.STUBS_DIR]
     env["PYTHONPATH"] = os.pathsep.join([str(TIMER_DIR), *rest])  # the timer runs the stubs
     env["BENCH_LIVE_STEP_TIMER"] = str(d)
     if threads:  # torch's intra-op threads: with several, the scheduler thread's CPU time
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)  # counts their spin-waits
-    srv = lu.LiveServer(argv, env, port, d / "server.log")
-    try:
-        srv.start()
-        _generate_batch(port, wave_prompts(99, batch), new_tokens)  # warm-up
-        _flush(port)
-        sent, t0 = 0, time.monotonic()
-        for w in range(waves):
-            sent += len(_generate_batch(port, wave_prompts(w, batch), new_tokens))
-        requests_s = time.monotonic() - t0
-        _flush(port)
-        dumps = sorted(d.glob("steps-*-1.json"))
-        deadline = time.monotonic() + 30
-        while not dumps and time.monotonic() < deadline:
-            time.sleep(0.2)
-            dumps = sorted(d.glob("steps-*-1.json"))
-        if len(dumps) != 1:
-            raise RuntimeError(f"{mode}: expected one scheduler timer dump in {d}, found "
-                               f"{[p.name for p in dumps]}; log tail:\n{srv.tail()}")
-        data = json.loads(dumps[0].read_text())
-        srv.signal(signal.SIGTERM)
+    return lu.LiveServer(argv, env, port, d / "server.log"), d
+
+
+def _start_all(servers: dict) -> None:
+    """Start every server at once (their start-ups overlap) and wait until each is healthy."""
+    import threading
+
+    errors: dict = {}
+
+    def start(mode, srv):
         try:
-            srv.wait(60)
-        except Exception:
-            pass
-        return {"mode": mode, "rows": data["rows"], "meta": data["meta"], "start_s": srv.start_s,
-                "requests": sent, "requests_s": requests_s}
+            srv.start()
+        except Exception as e:  # (reported below, after every start-up has ended)
+            errors[mode] = e
+
+    ts = [threading.Thread(target=start, args=(m, srv)) for m, (srv, _d) in servers.items()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        mode, e = next(iter(errors.items()))
+        raise RuntimeError(f"server {mode} did not start: {e}")
+
+
+def _collect(mode: str, srv, d: Path) -> dict:
+    """The timer's dump of the measured part (written at the second ``/flush_cache``)."""
+    deadline = time.monotonic() + 30
+    dumps = sorted(d.glob("steps-*-1.json"))
+    while not dumps and time.monotonic() < deadline:
+        time.sleep(0.2)
+        dumps = sorted(d.glob("steps-*-1.json"))
+    if len(dumps) != 1:
+        raise RuntimeError(f"{mode}: expected one scheduler timer dump in {d}, found "
+                           f"{[p.name for p in dumps]}; log tail:\n{srv.tail()}")
+    return json.loads(dumps[0].read_text())
+
+
+def run_modes(modes: list[str], model: Path, work: Path, *, waves: int, batch: int,
+              new_tokens: int, threads: int = 1) -> dict:
+    """Start one server per mode (all up at once, idle ones asleep), send each the same waves,
+    interleaved: wave ``w`` goes to every server in turn (the order rotated each wave), so a
+    change of the machine's load falls on every mode alike. Returns {mode: run}."""
+    servers = {m: _server(m, model, work, threads) for m in modes}
+    try:
+        _start_all(servers)
+        for srv, _d in servers.values():
+            _generate_batch(srv.port, wave_prompts(99, batch), new_tokens)  # warm-up
+            _flush(srv.port)
+        sent = {m: 0 for m in modes}
+        busy_s = {m: 0.0 for m in modes}
+        for w in range(waves):
+            for i in range(len(modes)):
+                m = modes[(w + i) % len(modes)]
+                t0 = time.monotonic()
+                sent[m] += len(_generate_batch(servers[m][0].port, wave_prompts(w, batch), new_tokens))
+                busy_s[m] += time.monotonic() - t0
+        runs = {}
+        for m, (srv, d) in servers.items():
+            _flush(srv.port)
+            data = _collect(m, srv, d)
+            runs[m] = {"mode": m, "rows": data["rows"], "meta": data["meta"],
+                       "start_s": srv.start_s, "requests": sent[m], "requests_s": busy_s[m]}
+        for srv, _d in servers.values():
+            srv.signal(signal.SIGTERM)
+        for srv, _d in servers.values():
+            try:
+                srv.wait(60)
+            except Exception:
+                pass
+        return runs
     finally:
-        srv.kill_tree()
+        for srv, _d in servers.values():
+            srv.kill_tree()
 
 
 # ------------------------------------------------------------------ comparison
@@ -171,6 +216,17 @@ def excess(base_rows: list, rows: list, *, min_group: int = 3, sched: bool = Fal
     return out
 
 
+def paired(base_rows: list, rows: list, *, sched: bool = True) -> float | None:
+    """Median over steps of (``rows`` step i minus ``base_rows`` step i), in us, when both runs
+    ran the same sequence of batches (mode, batch size, tokens), else None. The runs are
+    interleaved wave by wave, so step i of each ran within seconds of the other."""
+    if [r[3:] for r in base_rows] != [r[3:] for r in rows] or not rows:
+        return None
+    diffs = [((h[0] - (h[2] if sched else 0)) - (b[0] - (b[2] if sched else 0))) / 1e3
+             for b, h in zip(base_rows, rows)]
+    return round(statistics.median(diffs), 2)
+
+
 def _summary(base: dict, run: dict, noise: dict, server_step_us: float, min_group: int) -> dict:
     full = excess(base["rows"], run["rows"], min_group=min_group)
     sched = excess(base["rows"], run["rows"], min_group=min_group, sched=True)
@@ -185,6 +241,8 @@ def _summary(base: dict, run: dict, noise: dict, server_step_us: float, min_grou
         "noise_us_per_step": nf["min"], "noise_us_per_step_median": nf["median"],
         "noise_us_per_step_mean": nf["mean"], "noise_us_per_step_sched": ns["min"],
         "noise_us_per_step_median_sched": ns["median"],
+        "us_per_step_paired_sched": paired(base["rows"], run["rows"]),
+        "noise_us_per_step_paired_sched": paired(base["rows"], noise["rows"]) if noise else None,
         "pct_of_server_step": (round(100 * full["min"] / server_step_us, 3)
                                if full["min"] is not None and server_step_us else None),
         "steps": len(run["rows"]), "steps_compared": full["steps_compared"],
@@ -223,8 +281,8 @@ def measure_live(levels=LEVELS, *, waves: int = 12, batch: int = 8, new_tokens: 
         t0 = time.monotonic()
         model = lu.write_llama(Path(work) / "model")
         modes = ["off", *levels] + (["off2"] if noise else [])
-        runs = {m: run_mode(m, model, Path(work), waves=waves, batch=batch, new_tokens=new_tokens,
-                            threads=threads) for m in modes}
+        runs = run_modes(modes, model, Path(work), waves=waves, batch=batch,
+                         new_tokens=new_tokens, threads=threads)
         base = runs["off"]
         walls = [r[1] / 1e3 for r in base["rows"]]
         cpus = [r[0] / 1e3 for r in base["rows"]]
