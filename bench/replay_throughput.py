@@ -3,7 +3,9 @@
 
 1. ``kvtrace replay`` of ``--workload`` (default ``data/workloads/production_1h``, about an hour
    of mixed traffic for one rank; ``make data`` writes it) under ``--policy``: simulated seconds
-   per wall second, steps per second.
+   per wall second, steps per second. ``--slice-s N`` replays only the arrivals of the first N
+   simulated seconds (written to a temporary workload; the run still drains them): a quick
+   iteration figure, e.g. ``--slice-s 300 --skip-sweep --schedulers ''``.
 2. ``kvtrace sweep`` of ``--sweep-workload`` with 4 runs (baseline, swa-fixes x two
    ``max_running_requests``), once with ``--jobs 1`` and once with ``--jobs 2``, side by side in
    this process: the speedup of ``--jobs 2``.
@@ -16,7 +18,7 @@
 
 Targets (issue #11): ``sim_s_per_wall_s`` >= 25, ``sweep_speedup_jobs2`` >= 1.7.
 
-    bench/replay_throughput.py [--workload W] [--policy P] [--sweep-workload W2] [--skip-sweep]
+    bench/replay_throughput.py [--workload W] [--slice-s N] [--policy P] [--sweep-workload W2] [--skip-sweep]
                                [--schedulers mirror,real] [--schedulers-workload W3] [--profile] [--json]
 """
 
@@ -34,18 +36,41 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def measure_replay(workload: Path, policy: str, sets: list[str]) -> dict:
+def write_slice(workload: Path, seconds: float, out: Path) -> Path:
+    """Write the arrivals of ``workload``'s first ``seconds`` simulated seconds as a workload."""
+    import numpy as np
+
+    from replay.workloads import RequestColumns, read_workload, write_workload
+
+    w = read_workload(workload)
+    c = w.columns
+    n = int(np.searchsorted(c.ts_ns, int(c.ts_ns.min()) + int(seconds * 1e9), side="right"))
+    off = c.hash_offsets[: n + 1]
+    cols = RequestColumns(ts_ns=c.ts_ns[:n], session_id=c.session_id[:n], turn=c.turn[:n],
+                          input_len=c.input_len[:n], output_len=c.output_len[:n],
+                          max_new_tokens=c.max_new_tokens[:n], page_hashes=c.page_hashes[: off[-1]],
+                          hash_offsets=off, rid_str=c.rid_str[:n] if c.rid_str else None,
+                          rid=None if c.rid is None else c.rid[:n])
+    meta = dict(w.manifest.get("workload", {}), slice_of=str(workload), slice_s=seconds)
+    return write_workload(out, cols, w.hash_block_tokens, meta, page_hash=w.page_hash)
+
+
+def measure_replay(workload: Path, policy: str, sets: list[str], slice_s: float = 0.0) -> dict:
     from replay.runs import replay_run
 
+    source = workload
     with tempfile.TemporaryDirectory(prefix="kvtrace-bench-") as tmp:
+        if slice_s > 0:
+            workload = write_slice(workload, slice_s, Path(tmp) / "slice")
         t0 = time.perf_counter()
         s = replay_run(workload, Path(tmp) / "run", policy=policy, sets=sets, progress=sys.stderr.isatty())
         total = time.perf_counter() - t0
         size = sum(p.stat().st_size for p in (Path(tmp) / "run").rglob("*") if p.is_file())
-    return {"workload": str(workload), "policy": policy, "requests": s.requests, "steps": s.steps,
+    return {"workload": str(source), "policy": policy, "requests": s.requests, "steps": s.steps,
             "sim_s": s.sim_s, "wall_s": s.wall_s, "total_wall_s": round(total, 3),
             "sim_s_per_wall_s": round(s.sim_s / s.wall_s, 2), "steps_per_s": round(s.steps / s.wall_s, 1),
-            "run_mb": round(size / 1e6, 2)}
+            "run_mb": round(size / 1e6, 2), "loop_s": round(s.sched_cpu_ns / 1e9, 3),
+            "steps_per_loop_s": round(s.steps / (s.sched_cpu_ns / 1e9), 1), "slice_s": slice_s}
 
 
 def measure_schedulers(workload: Path, policy: str, sets: list[str], schedulers: list[str],
@@ -119,6 +144,8 @@ def measure_sweep(workload: Path, sets: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", type=Path, default=ROOT / "data/workloads/production_1h")
+    ap.add_argument("--slice-s", type=float, default=0.0,
+                    help="replay only the arrivals of the first N simulated seconds of --workload")
     ap.add_argument("--policy", default="swa-fixes")
     ap.add_argument("--set", action="append", default=[], help="knob KNOB=VALUE for the replay")
     ap.add_argument("--sweep-workload", type=Path, default=ROOT / "data/workloads/mixed")
@@ -135,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.workload}: no workload there; `make data` writes data/workloads/production_1h")
     res: dict = {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
     if not args.skip_replay:
-        res |= measure_replay(args.workload, args.policy, args.set)
+        res |= measure_replay(args.workload, args.policy, args.set, args.slice_s)
     if not args.skip_sweep:
         res |= measure_sweep(args.sweep_workload, [])
     schedulers = [x.strip() for x in args.schedulers.split(",") if x.strip()]
