@@ -1,19 +1,23 @@
 """Per-step cost of each capture level on a live CPU sglang server (issue 12, item 2).
 
-Each mode starts its own ``python -m sglang.launch_server`` (the tiny random-weight Llama and
-the flags of tests/live): ``off`` (no hooks), each level of ``--levels`` under
-``kvtrace launch --detail LEVEL``, and ``off2`` (hooks off again, last: the noise floor). Every
-server has the bench's step timer (``bench/live_timer/sitecustomize.py``) in its scheduler
-process, so steps are timed the same way with hooks off and on: per event-loop iteration, the
-scheduler thread's CPU time (``time.thread_time_ns``: other processes on a shared machine do
-not count) and wall time, with the batch the iteration ran (forward mode, batch size, tokens)
-and the CPU time of the model forward inside it.
+One ``python -m sglang.launch_server`` per mode (the tiny random-weight Llama and the flags of
+tests/live, plus ``--sleep-on-idle`` and one torch thread): ``off`` (no hooks), each level of
+``--levels`` under ``kvtrace launch --detail LEVEL``, and ``off2`` (hooks off again: the noise
+floor). Every server has the bench's step timer (``bench/live_timer/sitecustomize.py``) in its
+scheduler process, so steps are timed the same way with hooks off and on: per event-loop
+iteration, the scheduler thread's CPU time (``time.thread_time_ns``: other processes on a
+shared machine do not count, though they still slow it through caches and preemption) and
+wall time, with the batch the iteration ran (forward mode, batch size, tokens) and the CPU time
+of the model forward inside it. One torch thread, because with several the scheduler thread's
+CPU time counts its spin-waits for the others.
 
-Each server gets the same fixed requests: one warm-up wave, ``/flush_cache`` (the timer starts
-afresh there and the radix cache is empty again), then ``--waves`` waves of ``--batch``
-requests sent as one batched ``/generate`` (token ids; prompts share one of two prefixes, so
-later waves hit the cache), each wave finishing before the next; a last ``/flush_cache`` makes
-the timer write its iterations.
+All servers start at once and stay up (idle ones asleep on their sockets). Each gets the same
+fixed requests: one warm-up wave, ``/flush_cache`` (the timer starts afresh there and the radix
+cache is empty again), then ``--waves`` waves of ``--batch`` requests sent as one batched
+``/generate`` (token ids; prompts share one of two prefixes, so later waves hit the cache).
+The waves are interleaved: wave ``w`` goes to every server in turn, the order rotated each
+wave, so a change of the machine's load falls on every mode alike. A last ``/flush_cache``
+makes each timer write its iterations.
 
 Live steps are not identical from run to run, so like is compared with like: iterations are
 grouped by (forward mode, batch size, tokens // 64); per group present in both runs with
@@ -26,6 +30,9 @@ group's count in the hooked run:
   ``stats`` sample, and is the noisiest);
 - ``*_sched``: the same on the iteration's CPU minus the model forward's (the scheduler's own
   work, where every kvtrace hook runs; steadier, since the forward's CPU varies most);
+- ``us_per_step_paired_sched``: when both runs ran the same sequence of batches (usual: the
+  waves are batched and finish together), the median over steps of the per-step difference of
+  the ``_sched`` figure, step i against step i (run within seconds of each other);
 - ``noise_*``: the same figures for ``off2`` against ``off``: differences of that size mean
   nothing;
 - ``server_step_us`` / ``server_step_cpu_us``: the off run's median busy iteration in wall and
@@ -36,8 +43,8 @@ group's count in the hooked run:
     python bench/live_overhead.py --json                   # off, steps, counts, pages, off2
     python bench/live_overhead.py --levels counts --waves 4 # smaller
 
-Takes one server start-up per mode (25-35 s each on a quiet machine) plus a few seconds of
-requests: about 3 min for the five modes.
+The start-ups overlap (25-35 s each on a quiet machine, alone); 4.5 min in all for the five
+modes and 12 waves at load 10-16 on the 2-core VM.
 """
 
 from __future__ import annotations
@@ -314,14 +321,17 @@ def _table(res: dict) -> str:
     lines = [f"server step (off, median busy iteration): {res['server_step_us']} us wall, "
              f"{res['server_step_cpu_us']} us scheduler-thread CPU "
              f"({res['server_forward_cpu_us']} us of it the model forward)",
-             f"{'level':<8}{'us/step':>9}{'median':>9}{'mean':>9}{'sched':>9}{'noise':>9}"
-             f"{'n.med':>9}{'% step':>8}{'steps':>7}"]
-    for lv, r in res["levels"].items():
-        lines.append(f"{lv:<8}{r['us_per_step']!s:>9}{r['us_per_step_median']!s:>9}"
-                     f"{r['us_per_step_mean']!s:>9}{r['us_per_step_sched']!s:>9}"
-                     f"{r['noise_us_per_step']!s:>9}{r['noise_us_per_step_median']!s:>9}"
-                     f"{r['pct_of_server_step']!s:>8}{r['steps']:>7}")
-    lines.append(f"load before: {res['load_before']}, total {res['wall_s']} s")
+             "us per step over hooks off (noise: off2 over off)",
+             f"{'level':<8}{'min':>9}{'median':>9}{'mean':>9}{'sch.min':>9}{'sch.med':>9}"
+             f"{'paired':>9}{'% step':>9}{'steps':>7}"]
+    cols = ("us_per_step", "us_per_step_median", "us_per_step_mean", "us_per_step_sched",
+            "us_per_step_median_sched", "us_per_step_paired_sched", "pct_of_server_step")
+    rows = list(res["levels"].items())
+    if "noise" in res:
+        rows.append(("noise", res["noise"]))
+    for lv, r in rows:
+        lines.append(f"{lv:<8}" + "".join(f"{r[c]!s:>9}" for c in cols) + f"{r['steps']:>7}")
+    lines.append(f"load before: {[round(x, 1) for x in res['load_before']]}, total {res['wall_s']} s")
     return "\n".join(lines)
 
 

@@ -36,6 +36,12 @@ def test_excess_compares_like_groups_and_weights_by_the_hooked_counts():
     assert lo.excess(base, _rows(5, 2, bs=1))["min"] is None  # nothing comparable
 
 
+def test_paired_needs_the_same_batch_sequence():
+    base = _rows(100, 4, fwd_us=50)
+    assert lo.paired(base, _rows(120, 4, fwd_us=60)) == pytest.approx(10)
+    assert lo.paired(base, _rows(120, 4, bs=4)) is None
+
+
 def test_a_bad_level_is_refused_before_any_server_starts():
     p = subprocess.run([sys.executable, str(lu.REPO / "bench" / "live_overhead.py"),
                         "--levels", "everything"], capture_output=True, text=True, timeout=60)
@@ -59,4 +65,7 @@ def test_live_measurement_of_one_level_has_sane_keys(tmp_path):
     for key in ("us_per_step", "us_per_step_median", "us_per_step_mean", "us_per_step_sched",
                 "pct_of_server_step"):
         assert isinstance(lv[key], float) and math.isfinite(lv[key]), (key, lv)
+    paired = lv["us_per_step_paired_sched"]  # None only if the two runs batched differently
+    assert paired is None or math.isfinite(paired)
+    assert lv["noise_us_per_step"] is None  # no off2 run asked for
     assert (tmp_path / "steps" / "trace").is_dir()  # recorded by kvtrace launch
