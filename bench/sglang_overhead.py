@@ -52,12 +52,15 @@ vCPU contention), and whole rounds of one mode can run in a quieter moment than 
 it at a raised priority where allowed (``nice -n -15``, as root) and read the figures against
 ``noise_us_per_step*`` (at load 10-12 that cut the trimmed noise floor from ~10-15 to ~1-5 us).
 
-The live CPU server (tests/live) is not measured per level here: each level needs its own server
-(the level is fixed when the hooks install at start-up), and one start-up alone takes 25-35 s on
-a quiet machine (imports of the tokenizer-manager process), so four levels exceed two minutes
-before a request is sent; and a live CPU step (~4 ms: 48 tokens in 0.2 s) varies from run to run
-by far more than the 5-25 us being measured. The backend runs the same hooks on the same sglang
-classes (the real ``Scheduler`` loop included, ``scheduler=real``) with steps timed one by one.
+``--live`` also measures the live CPU server (tests/live's tiny model) at each level of
+``--levels`` with ``bench/live_overhead.py`` and puts its result under ``live``: one server
+per mode (off, each level, off again), all up at once, the same batched request waves
+interleaved across them, each event-loop iteration timed in the scheduler thread's CPU time by
+a bench-only step timer; per level ``us_per_step`` (per-group minimum), ``us_per_step_median``,
+``us_per_step_sched`` (model forward's CPU left out), ``noise_us_per_step`` (off again),
+``server_step_us`` and ``pct_of_server_step`` (see that file). It adds 4-7 minutes on this
+shared VM, and a live CPU step (~7 ms of scheduler CPU, ~6 of it the model) varies from server
+to server by ~100 us/step at a load of 15-20: it resolves ``pages``, not the 5-25 us targets.
 """
 
 from __future__ import annotations
@@ -559,6 +562,8 @@ def main(argv=None) -> int:
                     help="capture levels measured, comma-separated (counts is always run)")
     ap.add_argument("--warm-path", action="store_true",
                     help="instead: level steps's per-step hook path warm, one hook vs two (ns)")
+    ap.add_argument("--live", action="store_true",
+                    help="also measure the live CPU server per level (bench/live_overhead.py)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     if args.warm_path:
@@ -580,6 +585,15 @@ def main(argv=None) -> int:
         if "steps" in levels:
             r["breakdown_steps"] = breakdown(args.workload, requests=args.requests, overrides=overrides,
                                              detail="steps")
+    if args.live:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from live_overhead import _table as live_table, measure_live
+
+        r["live"] = measure_live(levels)
+        if not args.json:
+            _print_measure(r)
+            print("live CPU server:\n" + live_table(r["live"]))
+            return 0
     return _report(r, args.json, _print_measure)
 
 
