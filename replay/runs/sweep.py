@@ -223,13 +223,9 @@ def _run_ray(args, jobs: int):
         import ray
     except ImportError:
         raise RunError("--executor ray needs Ray: pip install 'kvtrace[ray]'") from None
-    started = False
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS")
-        ray.init(address=address, num_cpus=None if address else jobs, include_dashboard=False,
-                 log_to_driver=False, ignore_reinit_error=True,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}} if not address else None)
-        started = True
+    from replay.runs.ray_start import start_ray
+
+    started = start_ray(ray, jobs)  # retries a local start a loaded machine times out (see there)
     task = ray.remote(num_cpus=1, max_calls=1)(_run_one)
     try:
         pending = {task.remote(*a): a[2] for a in args}
