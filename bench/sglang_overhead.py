@@ -50,7 +50,8 @@ step.
 Noise: on the shared 2-core machine, thread CPU time still varies with the load (cache and
 vCPU contention), and whole rounds of one mode can run in a quieter moment than another's. Run
 it at a raised priority where allowed (``nice -n -15``, as root) and read the figures against
-``noise_us_per_step*`` (at load 10-12 that cut the trimmed noise floor from ~10-15 to ~1-5 us).
+``noise_us_per_step*`` (at load 10-20, 6-12 rounds: trimmed noise floor 1-10 us with it,
+10-85 us without). ``KVTRACE_STATS_INTERVAL_MS=1000000`` leaves the samples out entirely.
 
 ``--live`` also measures the live CPU server (tests/live's tiny model) at each level of
 ``--levels`` with ``bench/live_overhead.py`` and puts its result under ``live``: one server
