@@ -62,8 +62,8 @@ SPEED_PATCHES: tuple[PatchInfo, ...] = (
     PatchInfo("scheduler", "real",
               "Scheduler.load_snapshot_writer -> None (as on a scheduler that is not rank 0): "
               "publish_load_snapshot returns before SchedulerLoadInquirer.get_loads, an O(waiting "
-              "queue) walk (read-only) encoded into a /dev/shm slot for a router, every 10th "
-              "step and after every prefill",
+              "queue) walk (read-only) encoded into a /dev/shm slot for a router, every 15th "
+              "decode step (load_snapshot_publish_interval) and after every prefill",
               "no router or DP balancer reads a replay's load snapshot"),
 )
 
