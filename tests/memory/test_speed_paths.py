@@ -120,3 +120,31 @@ def test_reference_replay_path_does_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("window", [0, 8, 24])
+def test_lock_delta_is_what_lock_moves_from_evictable_to_protected(make_model, window):
+    kw = dict(page_size=4, full_pool_tokens=1024)
+    if window:
+        kw.update(sliding_window_tokens=window, swa_pool_tokens=1024)
+    m = make_model(**kw)
+    rng = random.Random(window)
+    for i in range(12):  # a tree of shared and private branches, some of them still locked
+        keys = seq(rng.randint(1, 3), rng.randint(2, 9)) + seq(100 + i, rng.randint(0, 3))
+        rid = f"r{i}"
+        m.admit(rid, keys, m.match(keys))
+        assert m.alloc_extend(rid, len(keys) * 4 - m.request(rid).seq_tokens)
+        if rng.random() < 0.7:
+            m.release(rid)
+    tree, seen = m.tree, set()
+    for tag in (1, 2, 3, 4):
+        for n in (1, 3, 6, 12):
+            node = m.match(seq(tag, n)).last_device_node
+            want = tree.lock_delta(node)
+            seen.add((want[0] > 0, want[1] > 0))
+            ev0 = (tree.full_evictable, tree.swa_evictable)
+            receipt = tree.lock(node)
+            assert want == (ev0[0] - tree.full_evictable, ev0[1] - tree.swa_evictable)
+            tree.unlock(receipt)
+            assert (tree.full_evictable, tree.swa_evictable) == ev0
+    assert (True, bool(window)) in seen

@@ -102,18 +102,31 @@ class AdmissionMixin:
         s, ps, model = self.settings, self.settings.page_size, self.model
         keys = req.keys.up_to(req.fill_len)
         m = model.match(keys, max_tokens=req.fill_len - 1)
-        model.admit(req.rid, keys, m, max_match_tokens=req.fill_len - 1, prompt_tokens=req.input_len)
-        req.in_model = True
+        tree = model.tree
+        if tree is None:
+            model.admit(req.rid, keys, m, max_match_tokens=req.fill_len - 1, prompt_tokens=req.input_len)
+            req.in_model = True
+        else:
+            # The budget check reads the ledgers as the lock leaves them: check first with the
+            # lock's evictable->protected move applied, lock only when admitted (a refused
+            # request's lock + unlock leaves the tree, its leaf sets and victim order unchanged).
+            budget.lock_full, budget.lock_swa = tree.lock_delta(m.last_device_node)
         req.prefix_len = m.device_hit_tokens
         req.host_hit, req.swa_host_hit = m.host_hit_tokens, m.swa_host_hit_tokens
-        tracer.cache(int(CacheOp.MATCH), req.rid, m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens)
         max_new = min(max(req.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
         prefix = req.prefix_len + req.host_hit
         extend = req.fill_len - prefix
         total = req.fill_len - req.prefix_len + max_new + ps
         ok, chunk_limit, need = budget.check_prefill(extend, total, max_new, req.swa_host_hit, budget.rem_chunk)
+        if tree is not None:
+            budget.lock_full = budget.lock_swa = 0
+            if ok:
+                model.admit(req.rid, keys, m, max_match_tokens=req.fill_len - 1, prompt_tokens=req.input_len)
+                req.in_model = True
+        tracer.cache(int(CacheOp.MATCH), req.rid, m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens)
         if not ok:
-            self._unadmit(req)
+            if req.in_model:
+                self._unadmit(req)
             # swa_wait: the total budget fit and the SWA budget did not (the tracer hook's rule)
             verdict = Verdict.SWA_WAIT if (s.has_swa and total < budget.rem_total) else Verdict.NO_TOKEN
             self._emit_admit(req, req.prefix_len, extend, req.host_hit, 0, verdict, budget, need, ("NO_TOKEN", False))

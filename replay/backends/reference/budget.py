@@ -79,10 +79,14 @@ class PrefillBudget:
                                  for r in running])
         self.current_offset = 0
         self.swa_offset = 0
+        # tokens a pending tree lock would move evictable -> protected (``check_prefill`` of a
+        # request not yet locked reads the ledgers as the lock would leave them; ints, exact)
+        self.lock_full = 0
+        self.lock_swa = 0
 
     # ---- live capacity
     def _full_room(self) -> int:
-        return self.model.pools.full_available_tokens() + self.model.cache.full_ledger()[0]
+        return self.model.pools.full_available_tokens() + (self.model.cache.full_ledger()[0] - self.lock_full)
 
     @property
     def rem_total(self) -> float:
@@ -96,7 +100,8 @@ class PrefillBudget:
     def rem_swa(self) -> float:
         if not self.s.has_swa:
             return 0
-        return self.model.pools.swa_available_tokens() + self.model.cache.swa_ledger()[0] - self.swa_offset
+        return (self.model.pools.swa_available_tokens() + (self.model.cache.swa_ledger()[0] - self.lock_swa)
+                - self.swa_offset)
 
     def has_capacity(self) -> bool:
         ok = self.rem_total > 0 and self.rem_current > 0

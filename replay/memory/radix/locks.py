@@ -64,6 +64,30 @@ class LockMixin:
                 cur = cur.parent
         return TreeLock(node, uuid)
 
+    def lock_delta(self, node) -> tuple[int, int]:
+        """(FULL, SWA) tokens ``lock(node)`` would move from evictable to protected, without
+        locking (the admission check of a request that may be refused reads the locked
+        ledgers; a refused request's lock and unlock leave the tree as they found it)."""
+        root, ps = self.root, self.ps
+        cur = node
+        while cur is not root and cur.full is None:
+            cur = cur.parent
+        full = 0
+        while cur is not root:
+            if cur.full_lock == 0:
+                full += len(cur.key) * ps
+            cur = cur.parent
+        swa = 0
+        if self.swa_tree:
+            covered, cur, window = 0, node, self.window_tokens
+            while cur is not root and covered < window:
+                n = len(cur.key) * ps
+                if cur.swa_lock == 0 and cur.swa is not None:
+                    swa += n
+                covered += n
+                cur = cur.parent
+        return full, swa
+
     def unlock(self, receipt: TreeLock) -> None:
         """Release a ``lock`` receipt (once).
 
