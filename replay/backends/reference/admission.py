@@ -149,7 +149,15 @@ class AdmissionMixin:
                 self._emit_evict(res, req.rid)
             if loaded:
                 tracer.cache(int(CacheOp.LOAD_BACK), req.rid, 0, 0, 0, loaded, 0, loaded)
-            req.prefix_len += req.host_hit
+            if loaded > req.host_hit:
+                # the load exposed resident FULL behind host-only SWA: the budget check stands,
+                # the work shrinks to what is left of the prompt (``add_one_req``)
+                prefix = req.prefix_len + loaded
+                extend = min(extend, req.fill_len - prefix)
+                is_chunked = is_chunked and prefix + extend < req.fill_len
+                req.prefix_len = prefix
+            else:
+                req.prefix_len += req.host_hit
         shrunk = is_chunked and chunk_limit is not None and chunk_limit < budget.rem_chunk
         req.extend_end = req.prefix_len + extend
         if req.first_prefix < 0:
@@ -161,7 +169,9 @@ class AdmissionMixin:
         # ``_select_prefill_admission`` reserves the whole clipped ``max_new_tokens`` (not what is
         # left of it after a retraction), 0 for a chunk
         budget.reserve(extend, 0 if is_chunked else min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS), budget.rem_chunk)
-        verdict = Verdict.SHRUNK if shrunk else (Verdict.CHUNKED if is_chunked else Verdict.ADMITTED)
+        # the hook's rule: fewer tokens than requested and not shrunk is "chunked"
+        verdict = Verdict.SHRUNK if shrunk else (Verdict.CHUNKED if is_chunked or extend < requested
+                                                 else Verdict.ADMITTED)
         self._emit_admit(req, device_prefix, requested, req.host_hit, extend, verdict, budget, need)
         return "chunked" if is_chunked else budget.state()
 
