@@ -30,6 +30,7 @@ def _kvtrace_arm():
     if "_kvtrace_autoload_watcher" in sys.modules or not os.environ.get("KVTRACE_DIR"):
         return
     import importlib.abc
+    import threading
     import types
 
     def on_loaded(name):
@@ -54,19 +55,31 @@ def _kvtrace_arm():
         def __getattr__(self, attr):
             return getattr(self.inner, attr)
 
+    busy = threading.local()  # names this thread is resolving: another finder that also asks
+    # the whole sys.meta_path (as this one does) would otherwise recurse into us without end
+
     class Watcher(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname, path=None, target=None):
             if fullname not in WATCHED:
                 return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader, fullname)
-                    return spec
-            return None
+            names = getattr(busy, "names", None)
+            if names is None:
+                names = busy.names = set()
+            if fullname in names:
+                return None
+            names.add(fullname)
+            try:
+                for finder in sys.meta_path:
+                    if finder is self or not hasattr(finder, "find_spec"):
+                        continue
+                    spec = finder.find_spec(fullname, path, target)
+                    if spec is not None:
+                        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                            spec.loader = _Loader(spec.loader, fullname)
+                        return spec
+                return None
+            finally:
+                names.discard(fullname)
 
     watcher = Watcher()
     sys.meta_path.insert(0, watcher)
