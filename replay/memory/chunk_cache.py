@@ -41,6 +41,8 @@ class ChunkCache:
         """No host tier."""
         return 0, 0
 
+    match_limit = False  # ``match`` takes the key already cut
+
     def match(self, key: list[int]) -> MatchResult:
         """Always an empty match."""
         return MatchResult()

@@ -35,6 +35,8 @@ class EICCache(RadixCache):
         start = max(0, end_tokens - self.cfg.sliding_window_tokens) // self.ps
         return pages[start : end_tokens // self.ps]
 
+    match_limit = False  # ``match`` takes the key already cut
+
     def match(self, key: list[int]) -> MatchResult:
         """FULL-only match; ``swa_host_hit_tokens`` counts window pages without SWA peers."""
         m = self.tree.match(key)

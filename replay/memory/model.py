@@ -88,7 +88,7 @@ class KVCacheModel:
         # one copy at most (a list passes through when uncut: the tree never keeps a match key)
         if max_tokens is not None:
             page_hashes = page_hashes[: max(0, max_tokens) // self.config.page_size]
-        return page_hashes if type(page_hashes) is list else list(page_hashes)
+        return page_hashes if isinstance(page_hashes, list) else list(page_hashes)
 
     # ---- admission ---------------------------------------------------------------------
 
@@ -102,6 +102,10 @@ class KVCacheModel:
         Returns:
             MatchResult in tokens.
         """
+        if max_tokens is not None and self.cache.match_limit:
+            # the tree stops at the limit itself: no copy of the key (a ``GrowingKeys`` list
+            # keeps its memo of verified node keys)
+            return self.cache.match(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
         return self.cache.match(self._key(page_hashes, max_tokens))
 
     @_op

@@ -61,9 +61,11 @@ class RadixCache:
 
     # ---- match / admit -----------------------------------------------------------------
 
-    def match(self, key: list[int]) -> MatchResult:
-        """Prefix match (mutates recency, may split)."""
-        return self.tree.match(key)
+    match_limit = True  # ``match`` takes a page limit
+
+    def match(self, key: list[int], limit: int | None = None) -> MatchResult:
+        """Prefix match of at most ``limit`` pages (mutates recency, may split)."""
+        return self.tree.match(key, limit)
 
     def touch(self, key: list[int]) -> None:
         """``match`` for its effects only (see ``RadixTree.touch``)."""

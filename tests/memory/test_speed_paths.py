@@ -148,3 +148,55 @@ def test_lock_delta_is_what_lock_moves_from_evictable_to_protected(make_model, w
             tree.unlock(receipt)
             assert (tree.full_evictable, tree.swa_evictable) == ev0
     assert (True, bool(window)) in seen
+
+
+@pytest.mark.parametrize("window", [0, 16])
+def test_growing_keys_memo_and_match_limit_decide_as_plain_lists(make_model, window):
+    """Matches of ``GrowingKeys`` lists (node-key comparisons remembered, page limit passed to
+    the tree) give the same results and tree as matches of fresh, pre-cut plain lists, through
+    splits, evictions and growing keys."""
+    from replay.memory.radix.match import GrowingKeys
+
+    def model():
+        kw = dict(page_size=4, full_pool_tokens=4 * 160, debug_check_every_op=False)
+        if window:
+            kw.update(sliding_window_tokens=window, swa_pool_tokens=4 * 160)
+        return make_model(**kw)
+
+    a, b = model(), model()
+    rng = random.Random(11 + window)
+    prompts = [seq(t, 40) for t in range(1, 4)]
+    grown = [GrowingKeys() for _ in range(12)]
+    plain = [[] for _ in range(12)]
+    for step in range(300):
+        i = rng.randrange(12)
+        base = prompts[i % 3]
+        if len(plain[i]) < 60 and rng.random() < 0.5:  # the request's keys grow
+            extra = base[len(plain[i]):len(plain[i]) + rng.randint(1, 12)] or [10_000 * i + step]
+            grown[i].extend(extra)
+            plain[i] = plain[i] + extra
+        if not plain[i]:
+            continue
+        cap = rng.randint(0, len(plain[i]) * 4 + 4)
+        ma = a.match(grown[i], max_tokens=cap)
+        mb = b.match(list(plain[i][: cap // 4]))
+        assert (ma.device_hit_tokens, ma.prefix_pages, ma.swa_branching_tokens) == (
+            mb.device_hit_tokens, mb.prefix_pages, mb.swa_branching_tokens)
+        if rng.random() < 0.3:
+            a.touch(grown[i])
+            b.touch(list(plain[i]))
+        if rng.random() < 0.4:  # insert a variant: splits nodes under the remembered keys
+            n = rng.randint(1, len(plain[i]))
+            keys = plain[i][:n] + ([] if rng.random() < 0.5 else [99_000 + step])
+            for m in (a, b):
+                rid = f"s{step}"
+                m.admit(rid, keys, m.match(keys))
+                if m.alloc_extend(rid, len(keys) * 4 - m.request(rid).seq_tokens):
+                    m.release(rid)
+                else:
+                    m.release(rid, checkpoint=False)
+        if rng.random() < 0.15:
+            n = rng.randint(1, 60) * 4
+            assert a.evict(n, n if window else 0) == b.evict(n, n if window else 0)
+    assert _tree_state(a) == _tree_state(b)
+    assert sum(len(g.verified) for g in grown) > 5  # the memo was used

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from replay.memory.radix.match import GrowingKeys
+
 _MASK = (1 << 64) - 1
 _P = (0x100000001B3 * 0x9E3779B97F4A7C15 | 1) & _MASK  # an odd multiplier (invertible mod 2^64)
 _P_INV = pow(_P, -1, 1 << 64)
@@ -93,7 +95,7 @@ class PageKeys:
         self.prompt = np.ascontiguousarray(tokens, dtype=np.int64)
         self.extra = [] if extra is None else extra
         self.ps = page_size
-        self.keys: list[int] = []
+        self.keys: list[int] = GrowingKeys()  # append-only: the tree memoizes its key comparisons
         self._last = 0  # the chain value after the last keyed page
 
     @property

@@ -6,6 +6,24 @@ import math
 
 from replay.memory.results import MatchResult
 
+_MEMO_MIN_PAGES = 8  # shorter node keys compare faster than a memo lookup
+
+
+class GrowingKeys(list):
+    """A list of page keys whose elements never change once there (it only grows).
+
+    A match of such a list remembers, in ``verified`` (node -> (node key object, offset)), the
+    nodes whose whole key it found equal to its slice at that offset; a node key is never
+    changed in place (a split gives both halves new lists), so the same pair is not compared
+    again (a waiting request is matched on every step and by every prefix refresh).
+    """
+
+    __slots__ = ("verified",)
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.verified: dict = {}
+
 
 class MatchMixin:
     """Match half of ``RadixTree``."""
@@ -39,7 +57,7 @@ class MatchMixin:
 
     # ---- match -------------------------------------------------------------------------
 
-    def match(self, key: list[int]) -> MatchResult:
+    def match(self, key: list[int], limit: int | None = None) -> MatchResult:
         """Longest usable prefix of ``key`` (page hashes), with the SWA window rule.
 
         A node is usable when it has FULL KV and, for the SWA component, at least W tokens of
@@ -48,12 +66,13 @@ class MatchMixin:
         best match may extend over host-only nodes.
 
         Args:
-            key: page hashes of the request (already limited by the caller).
+            key: page hashes of the request.
+            limit: match at most this many pages of ``key`` (None: all of it).
         Returns:
             a MatchResult (tokens), with prefix_pages for the device hit.
         Mutates: splits, SWA LRU order, last_access stamps.
         """
-        return self._finish_match(*self._match_walk(key))
+        return self._finish_match(*self._match_walk(key, limit))
 
     def touch(self, key: list[int]) -> None:
         """``match`` for its effects only (splits, SWA LRU refresh, recency stamps), without
@@ -62,11 +81,14 @@ class MatchMixin:
         self.refresh_swa_lru(best)
         self._stamp_path(best)
 
-    def _match_walk(self, key: list[int]) -> tuple:
+    def _match_walk(self, key: list[int], limit: int | None = None) -> tuple:
         """The walk of ``match``: (FULL values, best node, best device node, device chunks,
         FULL-hit pages). Mutates: splits."""
         ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
         node, off, n = self.root, 0, len(key)
+        if limit is not None and limit < n:
+            n = max(0, limit)
+        verified = key.verified if type(key) is GrowingKeys else None
         values: list[list[int]] = []
         best = best_dev = self.root
         best_dev_chunks = 0
@@ -78,10 +100,22 @@ class MatchMixin:
                 break
             ck = child.key
             m = len(ck)
-            if ck != key[off : off + m]:
+            if m > n - off:  # the node reaches past the key (or its limit): a partial match
+                m, lim = 0, n - off
+                while m < lim and ck[m] == key[off + m]:
+                    m += 1
+            elif verified is not None and m >= _MEMO_MIN_PAGES:
+                v = verified.get(child)
+                if v is None or v[0] is not ck or v[1] != off:
+                    if ck == key[off : off + m]:
+                        verified[child] = (ck, off)
+                    else:
+                        m = 0
+                        while ck[m] == key[off + m]:
+                            m += 1
+            elif ck != key[off : off + m]:
                 m = 0
-                limit = min(len(ck), n - off)
-                while m < limit and ck[m] == key[off + m]:
+                while ck[m] == key[off + m]:
                     m += 1
             full_hit_pages += m
             partial = m < len(ck)
