@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from tracer.sglang.runtime import sampler, state
+from tracer.sglang.runtime import held, sampler, state
 
 
 @pytest.fixture()
@@ -22,11 +22,11 @@ def sglang_swa():
 
     saved = dict(sampler.helpers)
     sampler.helpers.update(swa=pso.kv_private_swa_tokens, swa_ct=pso.ComponentType.SWA)
-    sampler._swa_inline.clear()
+    held._swa_inline.clear()
     yield ReqKvInfo, pso
     sampler.helpers.clear()
     sampler.helpers.update(saved)
-    sampler._swa_inline.clear()
+    held._swa_inline.clear()
     state.registry.live_reqs.clear()
 
 
