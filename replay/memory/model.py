@@ -293,19 +293,28 @@ class KVCacheModel:
 
     def snapshot(self) -> dict[str, PoolSnapshot]:
         """Per-pool capacity / available / evictable / protected / held, in tokens."""
-        out = {}
+        return {row[0]: PoolSnapshot(*row[1:]) for row in self.occupancy_rows()}
+
+    def occupancy_rows(self) -> list[tuple[str, int, int, int, int, int]]:
+        """``snapshot`` as plain tuples (name, capacity, available, evictable, protected,
+        held), pools in the same order: the per-step stats sample builds no objects."""
         full = self.pools.full
-        ev, prot = self.cache.full_ledger()
-        out["full"] = _snap(full.capacity_tokens, full.available_tokens(), ev, prot)
+        cache = self.cache
+        ev, prot = cache.full_ledger()
+        cap, avail = full.capacity_tokens, full.available_tokens()
+        out = [("full", cap, avail, ev, prot, cap - avail - ev - prot)]
         if self.pools.has_swa:
             swa = self.pools.swa
-            ev, prot = self.cache.swa_ledger()
-            out["swa"] = _snap(swa.capacity_tokens, swa.available_tokens(), ev, prot)
-        host_full, host_swa = self.cache.host_tokens()
-        for name, pool, owned in (("host_full", self.host_full, host_full),
-                                  ("host_swa", self.host_swa, host_swa)):
-            if pool is not None:
-                out[name] = _snap(pool.capacity_tokens, pool.available_tokens(), owned, 0)
+            ev, prot = cache.swa_ledger()
+            cap, avail = swa.capacity_tokens, swa.available_tokens()
+            out.append(("swa", cap, avail, ev, prot, cap - avail - ev - prot))
+        if self.host_full is not None or self.host_swa is not None:
+            host_full, host_swa = cache.host_tokens()
+            for name, pool, owned in (("host_full", self.host_full, host_full),
+                                      ("host_swa", self.host_swa, host_swa)):
+                if pool is not None:
+                    cap, avail = pool.capacity_tokens, pool.available_tokens()
+                    out.append((name, cap, avail, owned, 0, cap - avail - owned))
         return out
 
     def check_integrity(self) -> dict[str, PoolSnapshot]:
@@ -333,11 +342,6 @@ class KVCacheModel:
                 out[f"{name}_cat_elems"] = pool.num_cat_elems
                 out[f"{name}_merges"] = pool.num_merges
         return out
-
-
-def _snap(capacity: int, available: int, evictable: int, protected: int) -> PoolSnapshot:
-    held = capacity - available - evictable - protected
-    return PoolSnapshot(capacity, available, evictable, protected, held)
 
 
 __all__ = ["KVCacheModel", "MemoryModelError"]

@@ -30,7 +30,10 @@ from tracer.schema import CacheOp, Mode, Pool, RequestEvent, SchedKind
 
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000
-_POOLS = (("full", Pool.FULL), ("swa", Pool.SWA), ("host_full", Pool.HOST_FULL), ("host_swa", Pool.HOST_SWA))
+_POOL_IDS = {"full": int(Pool.FULL), "swa": int(Pool.SWA), "host_full": int(Pool.HOST_FULL),
+             "host_swa": int(Pool.HOST_SWA)}
+_STEP = int(SchedKind.STEP)
+_MODE_IDS = {"idle": int(Mode.IDLE), "prefill": int(Mode.PREFILL), "decode": int(Mode.DECODE)}
 
 
 class ReferenceBackend(AdmissionMixin, DecodeMixin):
@@ -305,7 +308,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
 
     # ---------------------------------------------------------------- sampling
     def _sample(self, record: StepRecord) -> None:
-        mode = {"idle": Mode.IDLE, "prefill": Mode.PREFILL, "decode": Mode.DECODE}[record.mode]
+        mode = _MODE_IDS[record.mode]
         # As the hooks' step clock on the real loop: steps count from 1, and of consecutive idle
         # steps only the first is written (``KVTRACE_IDLE_SAMPLE_MS``; an idle streak of a replay
         # takes far less than that). Numbered as the hooks number sglang's Scheduler (its
@@ -318,12 +321,10 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         if not idle:
             self.trace_ct += 1
         fct = self.trace_ct
-        tracer.sched(int(SchedKind.STEP), fct, int(mode), record.batch_size, record.num_tokens, 0)
-        snap = self.model.snapshot()
-        for name, pool in _POOLS:
-            p = snap.get(name)
-            if p is not None:
-                tracer.stats(fct, int(pool), p.capacity, p.available, p.evictable, p.protected, p.held)
+        tracer.sched(_STEP, fct, mode, record.batch_size, record.num_tokens, 0)
+        stats = tracer.stats
+        for name, capacity, available, evictable, protected, held in self.model.occupancy_rows():
+            stats(fct, _POOL_IDS[name], capacity, available, evictable, protected, held)
 
     def _occ_text(self) -> str:
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
