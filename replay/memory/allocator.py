@@ -291,10 +291,13 @@ class DeviceAllocator:
         Mutates: free list.
         """
         ps = self.page_size
-        if len(seq_lens) > len(self._rev):
-            self.merge_and_sort_free()
         need = [(s - 1) % ps == 0 for s in seq_lens]
-        total = sum(need)
+        return self.alloc_flagged_pages(need, sum(need))
+
+    def alloc_flagged_pages(self, need: Sequence[bool], total: int) -> list[int | None] | None:
+        """``alloc_decode_pages`` with its per-request page flags (and their count) given."""
+        if len(need) > len(self._rev):
+            self.merge_and_sort_free()
         if total > len(self._rev):
             return None
         if total == 0:

@@ -194,7 +194,11 @@ class KVCacheModel:
     @_op
     def alloc_decode(self, rids: Sequence[Any]) -> bool:
         """One token per request; a page only at page boundaries. False when short."""
-        reqs = [self.requests.get(rid) for rid in rids]
+        table = self.requests.reqs
+        try:
+            reqs = [table[rid] for rid in rids]
+        except KeyError:
+            reqs = [self.requests.get(rid) for rid in rids]  # the model's error for the unknown one
         pages = self.pools.alloc_decode_pages([r.seq_tokens + 1 for r in reqs])
         if pages is None:
             return False

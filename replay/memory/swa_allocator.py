@@ -155,14 +155,18 @@ class SWAKVPools(PlainKVPools):
             per request the new full page or None; None overall when short.
         Mutates: both free lists, the mapping.
         """
-        need = sum(1 for s in seq_lens if (s - 1) % self.page_size == 0)
+        ps = self.page_size
+        flags = [(s - 1) % ps == 0 for s in seq_lens]
+        need = sum(flags)
         if not self._pages_available(need):
             return None
-        full = self.full.alloc_decode_pages(seq_lens)
-        swa = self.swa.alloc_decode_pages(seq_lens)
-        for f, s in zip(full, swa):
-            if f is not None:
-                self.mapping[f] = s
+        full = self.full.alloc_flagged_pages(flags, need)
+        swa = self.swa.alloc_flagged_pages(flags, need)
+        if need:
+            mapping = self.mapping
+            for f, s in zip(full, swa):
+                if f is not None:
+                    mapping[f] = s
         return full
 
     def alloc_swa_for(self, full_pages: Sequence[int]) -> list[int] | None:
