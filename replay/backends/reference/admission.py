@@ -57,7 +57,8 @@ class AdmissionMixin:
             else:
                 self._emit_admit(req, req.prefix_len, req.fill_len - req.prefix_len, 0, 0, Verdict.NO_TOKEN, budget,
                                  -1, ("", True))
-        for req in list(self.waiting):
+        taken = 0  # the waiting requests admitted: a prefix of the queue (the walk stops at a refusal)
+        for req in self.waiting:  # not changed during the walk (the queue is cut after it)
             # only ``other`` stops before the candidate: with ``no_token`` sglang still runs
             # ``add_one_req``, whose budget check refuses it (and the tracer records the row)
             if budget.state() == "other":
@@ -66,6 +67,8 @@ class AdmissionMixin:
                 self.batch_is_full = True
                 break
             res = self._add_one_req(req, budget, can_run, extends)
+            if can_run and can_run[-1] is req:
+                taken += 1
             if res == "chunked":
                 new_chunked = req
                 res = budget.state()
@@ -75,8 +78,7 @@ class AdmissionMixin:
                 break
         if not can_run:
             return None
-        admitted = {r.rid for r in can_run}
-        self.waiting = [r for r in self.waiting if r.rid not in admitted]
+        del self.waiting[:taken]
         if new_chunked is not None:
             self.chunked_req = new_chunked
         if self.chunked_req is not None:
