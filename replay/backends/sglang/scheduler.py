@@ -32,7 +32,6 @@ Only one Scheduler lives in a process at a time (sglang's runtime context is pro
 from __future__ import annotations
 
 import contextlib
-import os
 import json
 import tempfile
 from pathlib import Path
@@ -522,12 +521,6 @@ def _close_ipc(sched) -> None:
     for ctx in contexts.values():
         with contextlib.suppress(Exception):
             ctx.term()
-    writer = getattr(sched, "load_snapshot_writer", None)
-    if writer is not None:
-        with contextlib.suppress(Exception):
-            writer.close()
-        path = getattr(writer, "path", None)
-        if path:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        sched.load_snapshot_writer = None
+    from replay.backends.sglang.patches import drop_load_snapshot
+
+    drop_load_snapshot(sched)  # its /dev/shm file too
