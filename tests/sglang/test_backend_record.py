@@ -202,3 +202,18 @@ def test_overhead_bench_runs(tmp_path):
     assert tuple(d["modes"]) == bench.DECOMPOSE_MODES and d["num_steps"] == r["num_steps"]
     assert d["modes"]["off"]["step_min_pct"] == 0 and d["events_per_step"] > 0
     assert all(0 < v["step_min_s"] <= v["wall_s"] for v in d["modes"].values())
+
+
+def test_hook_failures_are_this_traces_own(tmp_path):
+    """The hooks' failure counters are per process: failures counted before a recording (another
+    test's deliberate hook failure, an earlier recording with the hooks left installed) are not
+    reported as this recording's."""
+    import tracer.sglang
+
+    tracer.sglang.install(detail="counts")  # installed by another caller: not reset by record
+    try:
+        tracer.sglang.failures["allocator.alloc_extend"] += 2
+        rows = [req(0, 0, blocks("one", 7), input_len=100, out=5, max_new=5)]
+        _record(tmp_path, rows)  # asserts hook_failures == {}
+    finally:
+        tracer.sglang.uninstall()

@@ -65,10 +65,14 @@ def _hooks(detail: str) -> Iterator[dict]:
     tracer.sglang.configure(stats_interval_ms=0)
     hook_state.new_trace()  # request ids and forward_ct are per trace
     failures: dict = {}
+    # this trace's failures only: the counters are per process, and hooks another caller
+    # installed (not reset by us) may carry counts from earlier recordings
+    before = dict(tracer.sglang.failures)
     try:
         yield failures
     finally:
-        failures.update(tracer.sglang.failures)
+        failures.update({site: n - before.get(site, 0) for site, n in tracer.sglang.failures.items()
+                         if n > before.get(site, 0)})
         tracer.sglang.configure(**cadence)
         if installed_here:
             tracer.sglang.uninstall()
