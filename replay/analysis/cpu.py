@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replay.analysis._base import as_trace, pool_list
+from replay.steps import number_steps, step_of_rows
 
 HOST_POOLS = ("host_full", "host_swa")
 
@@ -48,7 +49,7 @@ def host_allocator_cpu(trace, pools=HOST_POOLS) -> AllocatorCpu:
            .filter(pl.col("pool").is_in(pools) & (pl.col("dur_ns") > 0)))
     steps = (t.lazy("sched").filter(pl.col("kind").cast(pl.String) == "step")
              .select("seq", "forward_ct", pl.col("ts_ns").alias("step_ts_ns"), "step_ns"))
-    pos = steps.sort("seq").with_row_index("_step")  # the n-th step row: forward_ct may repeat
+    pos = number_steps(steps, "_step")  # the n-th step row: forward_ct may repeat
     total_step_ns = steps.select(pl.col("step_ns").sum())
     dur_us = pl.col("dur_ns") / 1e3
     per_op = (ops.group_by("pool", "op")
@@ -60,7 +61,7 @@ def host_allocator_cpu(trace, pools=HOST_POOLS) -> AllocatorCpu:
                             .then(100.0 * pl.col("total_ns") / pl.col("step_ns")).otherwise(None))
               .drop("step_ns")
               .sort("pool", "op"))
-    per_step = (ops.sort("seq").join_asof(pos.select("seq", "_step"), on="seq", strategy="forward")
+    per_step = (step_of_rows(ops, pos, "_step")
                 .filter(pl.col("_step").is_not_null())
                 .group_by("_step").agg(alloc_cpu_ns=pl.col("dur_ns").sum(), ops=pl.len().cast(pl.Int64)))
     per_step = (pos.join(per_step, on="_step", how="left")

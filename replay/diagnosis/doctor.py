@@ -193,8 +193,9 @@ def _step_of_samples(tr, rank: int, st) -> tuple[np.ndarray, np.ndarray]:
 
     A step is the position of its ``sched`` step row in the trace (0 = the first), and a stats
     row belongs to the last step row before it (-1: none; the hooks sample after the step row).
-    Not ``forward_ct``: sglang's own Scheduler counts batches run, so an idle step's rows repeat
-    the number of the batch step before it."""
+    Not ``forward_ct`` (the rule of :mod:`replay.steps`, here on numpy arrays): sglang's own
+    Scheduler counts batches run, so an idle step's rows repeat the number of the batch step
+    before it."""
     from replay.diagnosis.columns import codes, num
     from tracer.schema import SchedKind
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from replay.steps import number_steps, step_of_rows
+
 POOLS = ("full", "swa", "host_full", "host_swa")
 STEP_METRICS = ("mode", "batch_size", "num_tokens", "admitted", "retracted", "evicted_full", "evicted_swa",
                 *(f"{p}_used" for p in POOLS))
@@ -92,9 +94,8 @@ def _step_rows(sched):
     import polars as pl
 
     kind = pl.col("kind").cast(pl.Utf8)
-    steps = sched.filter(kind == "step").with_row_index("step", offset=1).with_columns(pl.col("step").cast(pl.Int64))
-    other = sched.filter(kind != "step").join_asof(steps.select("seq", "step"), on="seq", strategy="forward")
-    return steps, other
+    steps = number_steps(sched.filter(kind == "step"), offset=1)
+    return steps, step_of_rows(sched.filter(kind != "step"), steps)
 
 
 def sched_rows(path: str | Path, kind: str = "admit"):
@@ -129,16 +130,16 @@ def trajectory(path: str | Path):
                 .agg(retracted=pl.col("rid").sort().cast(pl.Utf8).str.join(" ")))
     evict = (tr.lazy("cache").filter(pl.col("op") == "evict").select("seq", "full_tokens", "swa_tokens")
              .collect().sort("seq"))
-    ev = (evict.join_asof(steps.select("seq", "step"), on="seq", strategy="forward")
+    ev = (step_of_rows(evict, steps)
           .group_by("step").agg(evicted_full=pl.col("full_tokens").sum(), evicted_swa=pl.col("swa_tokens").sum()))
     out = (steps.select("step", "forward_ct", "mode", "batch_size", "num_tokens")
            .join(admits, on="step", how="left").join(retracts, on="step", how="left")
            .join(ev, on="step", how="left")
            .with_columns(pl.col("admitted").fill_null(""), pl.col("retracted").fill_null(""),
                          pl.col("evicted_full").fill_null(0), pl.col("evicted_swa").fill_null(0)))
-    stats = (tr.lazy("stats").select(pl.col("pool").cast(pl.Utf8), "seq",
-                                     used=pl.col("capacity") - pl.col("available")).collect().sort("seq")
-             .join_asof(steps.select("seq", "step"), on="seq", strategy="backward")
+    stats = (step_of_rows(tr.lazy("stats").select(pl.col("pool").cast(pl.Utf8), "seq",
+                                                  used=pl.col("capacity") - pl.col("available")).collect(),
+                          steps, before=False)
              .filter(pl.col("step").is_not_null()).unique(["step", "pool"], keep="last"))
     for pool in POOLS:
         col = f"{pool}_used"
