@@ -280,6 +280,12 @@ def measure_live(levels=LEVELS, *, waves: int = 12, batch: int = 8, new_tokens: 
     bad = [x for x in levels if x not in LEVELS]
     if bad:
         raise ValueError(f"unknown level(s) {bad}; choose from {', '.join(LEVELS)}")
+    for name, v, lo in (("waves", waves, 1), ("batch", batch, 1), ("new_tokens", new_tokens, 1),
+                        ("min_group", min_group, 1), ("threads", threads, 0)):
+        if not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name}={v!r}: expected a whole number >= {lo}")
+    if work is not None and work.exists() and not work.is_dir():
+        raise ValueError(f"--work {work}: a file is there, expected a directory")
     tmp = None
     if work is None:
         tmp = tempfile.TemporaryDirectory(prefix="kvtrace-live-bench-")
@@ -349,6 +355,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     levels = tuple(x for x in a.levels.split(",") if x)
+    # SIGTERM ends the run like Ctrl-C: the servers started so far are stopped (run_modes' finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         res = measure_live(levels, waves=a.waves, batch=a.batch, new_tokens=a.new_tokens,
                            min_group=a.min_group, noise=not a.no_noise, threads=a.threads,
@@ -356,6 +364,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: the servers started were stopped; nothing measured", file=sys.stderr)
+        return 130
     print(json.dumps(res, indent=1) if a.json else _table(res))
     return 0
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -141,11 +142,22 @@ def measure_sweep(workload: Path, sets: list[str]) -> dict:
     return out
 
 
+def _seconds(text: str) -> float:
+    """``--slice-s``: a finite number of seconds >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of seconds >= 0 (0: the whole workload)")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", type=Path, default=ROOT / "data/workloads/production_1h")
-    ap.add_argument("--slice-s", type=float, default=0.0,
-                    help="replay only the arrivals of the first N simulated seconds of --workload")
+    ap.add_argument("--slice-s", type=_seconds, default=0.0,
+                    help="replay only the arrivals of the first N simulated seconds of --workload (0: all)")
     ap.add_argument("--policy", default="swa-fixes")
     ap.add_argument("--set", action="append", default=[], help="knob KNOB=VALUE for the replay")
     ap.add_argument("--sweep-workload", type=Path, default=ROOT / "data/workloads/mixed")
