@@ -65,6 +65,13 @@ SPEED_PATCHES: tuple[PatchInfo, ...] = (
               "queue) walk (read-only) encoded into a /dev/shm slot for a router, every 15th "
               "decode step (load_snapshot_publish_interval) and after every prefill",
               "no router or DP balancer reads a replay's load snapshot"),
+    PatchInfo("scheduler", "real",
+              "Scheduler.load_inquirer._get_num_pending_tokens -> 0 (the inquirer, a frozen "
+              "slots dataclass, is rebuilt as a subclass with the same fields): the "
+              "sum of Req.seqlen over the whole waiting queue that _get_new_batch_prefill_raw "
+              "computes at every prefill for PrefillStats.num_pending_tokens, read only by the "
+              "'#pending-token' field of the prefill log line",
+              "a replay logs no prefill line (the sglang logger is at WARNING during a run)"),
 )
 
 
@@ -83,6 +90,32 @@ def drop_load_snapshot(sched) -> None:
     if path:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+def skip_pending_tokens(sched) -> None:
+    """:data:`SPEED_PATCHES`: the pending-token count of the prefill log line is not computed (an
+    O(waiting queue) sum at every prefill: 15 % of a step in production_1h's overloaded hour,
+    where thousands of requests wait). No decision reads it."""
+    import dataclasses
+
+    inquirer = getattr(sched, "load_inquirer", None)
+    if inquirer is None or not hasattr(inquirer, "_get_num_pending_tokens"):
+        return
+    cls = type(inquirer)
+    sub = _no_pending_classes.get(cls)
+    if sub is None:  # (a slots dataclass: the subclass adds no slot, only the override)
+        sub = _no_pending_classes[cls] = type(f"NoPending{cls.__name__}", (cls,), {
+            "__slots__": (), "_get_num_pending_tokens": lambda self, chunk_deduct=0: 0})
+    sched.load_inquirer = sub(**{f.name: getattr(inquirer, f.name) for f in dataclasses.fields(inquirer) if f.init})
+
+
+_no_pending_classes: dict = {}
+
+
+def apply_speed_patches(sched) -> None:
+    """Every :data:`SPEED_PATCHES` entry, on a freshly built ``Scheduler``."""
+    drop_load_snapshot(sched)
+    skip_pending_tokens(sched)
 
 
 @contextlib.contextmanager

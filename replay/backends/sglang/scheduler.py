@@ -466,9 +466,9 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
     sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
     sched.ipc_channels.send_to_detokenizer.send_output = _discard_output
     sched.ipc_channels.send_to_tokenizer.send_output = backend._to_tokenizer
-    from replay.backends.sglang.patches import drop_load_snapshot
+    from replay.backends.sglang import patches
 
-    drop_load_snapshot(sched)  # patches.SPEED_PATCHES
+    patches.apply_speed_patches(sched)
     import logging
 
     # The Scheduler logs every prefill and decode batch at INFO: a replay's progress bar and
