@@ -69,7 +69,7 @@ TIMING = {"ts_ns", "dur_ns", "step_ns"}
 def test_python_tree_core_replays_row_for_row(small_workload, tmp_path):
     """With ``tree_core=python`` two replays write the same rows in the same order in every
     family (timings aside). With sglang's Rust core (the default) the order of a node's FULL
-    and SWA frees within one free group follows the core's hash-map order, seeded per process,
+    and SWA frees within one free group follows the core's hash-map order (randomly seeded),
     so only the summaries are asserted equal there (docs/replay.md, Determinism)."""
     from replay.runs import replay_run
     from replay.trace import open_trace
