@@ -16,10 +16,14 @@
    <= 2). ``--repeat N`` interleaves N rounds and keeps each scheduler's fastest; ``--profile``
    prints the first round's top cProfile entries to stderr. ``--schedulers ''`` skips it.
 
+4. ``--hooks-off``: the same replay of ``--workload`` with no hook and no recorder
+   (``hooks_off_sim_s_per_wall_s``, ``hooks_off_steps_per_s``; build included): what sglang's own
+   loop allows, the ceiling of the hooked figure.
+
 Targets (issue #11): ``sim_s_per_wall_s`` >= 25, ``sweep_speedup_jobs2`` >= 1.7.
 
     bench/replay_throughput.py [--workload W] [--slice-s N] [--policy P] [--sweep-workload W2] [--skip-sweep]
-                               [--schedulers mirror,real] [--schedulers-workload W3] [--profile] [--json]
+                               [--schedulers mirror,real] [--schedulers-workload W3] [--profile] [--hooks-off] [--json]
 """
 
 from __future__ import annotations
@@ -153,6 +157,29 @@ def _seconds(text: str) -> float:
     return v
 
 
+def measure_hooks_off(workload: Path, policy: str, sets: list[str], slice_s: float = 0.0) -> dict:
+    """The same replay with no hook and no recorder: the real backend's loop alone (sglang's own
+    per-step code and our stand-ins), the ceiling of ``sim_s_per_wall_s`` with the hooks on."""
+    from replay.backends.sglang import SglangBackend
+    from replay.runs.replay import backend_module, resolve_settings
+    from replay.workloads import read_workload
+
+    values, _assumed = resolve_settings(workload, policy, sets)
+    settings = backend_module("sglang").settings_from_knobs(values)
+    with tempfile.TemporaryDirectory(prefix="kvtrace-bench-") as tmp:
+        source = write_slice(workload, slice_s, Path(tmp) / "slice") if slice_s > 0 else workload
+        wl = read_workload(source)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        with SglangBackend(wl, settings, debug_memory_pool=False) as be:
+            res = be.run()
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    sim_s = max(0, res.clock_ns - wl.requests[0].arrival_ns) / 1e9
+    return {"hooks_off_steps": res.num_steps, "hooks_off_sim_s": round(sim_s, 3),
+            "hooks_off_wall_s": round(wall, 3), "hooks_off_cpu_s": round(cpu, 3),
+            "hooks_off_sim_s_per_wall_s": round(sim_s / wall, 2),
+            "hooks_off_steps_per_s": round(res.num_steps / wall, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", type=Path, default=ROOT / "data/workloads/production_1h")
@@ -162,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="knob KNOB=VALUE for the replay")
     ap.add_argument("--sweep-workload", type=Path, default=ROOT / "data/workloads/mixed")
     ap.add_argument("--skip-replay", action="store_true")
+    ap.add_argument("--hooks-off", action="store_true",
+                    help="also replay --workload with no hook or recorder (build included): the ceiling")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--schedulers", default="mirror,real",
                     help="sglang schedulers to replay side by side (comma list; '' skips)")
@@ -170,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds of the scheduler runs (best kept)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
-    if not args.skip_replay and not (args.workload / "manifest.json").is_file():
+    if (not args.skip_replay or args.hooks_off) and not (args.workload / "manifest.json").is_file():
         raise SystemExit(f"{args.workload}: no workload there; `make data` writes data/workloads/production_1h")
     res: dict = {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
     if not args.skip_replay:
         res |= measure_replay(args.workload, args.policy, args.set, args.slice_s)
+    if args.hooks_off:
+        res |= measure_hooks_off(args.workload, args.policy, args.set, args.slice_s)
     if not args.skip_sweep:
         res |= measure_sweep(args.sweep_workload, [])
     schedulers = [x.strip() for x in args.schedulers.split(",") if x.strip()]
