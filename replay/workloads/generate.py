@@ -93,7 +93,8 @@ def generate(options: GenerateOptions, config=None, progress: bool = False) -> t
                             f"(a {warmup_s:.3g} s warm start and {options.num_requests} requests at "
                             f"{process.rate_per_s:.3g} units/s); expected at most {MAX_PLANNED_UNITS:,}: "
                             "shorten the think/tool times, raise --qps or pass --cold-start")
-    units, arrivals = _simulate(shape, cfg, process, options, warmup_s, progress)
+    budget = plan_unit_budget(planned, options.num_requests)
+    units, arrivals = _simulate(shape, cfg, process, options, warmup_s, progress, budget)
     cols = _materialize(units, arrivals, options.hash_block_tokens, progress)
     workload = {
         "shape": shape.name,
@@ -126,14 +127,29 @@ def validate_options(options: GenerateOptions) -> None:
         raise WorkloadError(f"--seed {options.seed}: expected an integer in 0..2**63-1")
     if options.qps is not None and not (math.isfinite(options.qps) and options.qps > 0):
         raise WorkloadError(f"--qps {options.qps}: expected a finite rate > 0 (requests per second)")
-    if options.arrival_cv is not None and not (math.isfinite(options.arrival_cv) and options.arrival_cv > 0):
-        raise WorkloadError(f"--cv {options.arrival_cv}: expected a finite coefficient of variation > 0")
+    if options.arrival_cv is not None and not (math.isfinite(options.arrival_cv)
+                                               and 0 < options.arrival_cv <= MAX_ARRIVAL_CV):
+        raise WorkloadError(f"--cv {options.arrival_cv}: expected a coefficient of variation in (0, "
+                            f"{MAX_ARRIVAL_CV:g}] (beyond it Gamma gaps underflow to zero and every "
+                            "unit starts at the same instant)")
     if not isinstance(options.hash_block_tokens, int) or not 1 <= options.hash_block_tokens <= 1 << 20:
         raise WorkloadError(f"--hash-block-tokens {options.hash_block_tokens}: expected an integer in 1..{1 << 20}")
 
 
 MAX_REQUESTS = 100_000_000
 MAX_PLANNED_UNITS = 5_000_000  # beyond this a plan would run for hours: refused up front
+# Gamma shape k = 1/cv**2: at cv 100 (k 1e-4) a gap is still a number; at cv 1e6 (k 1e-12) almost
+# every draw is 0.0 and the planner's clock would stand still.
+MAX_ARRIVAL_CV = 100.0
+
+
+def plan_unit_budget(planned_units: float, num_requests: int) -> int:
+    """The most units ``_simulate`` may plan before it gives up: many times the expected count
+    (``planned_units``) plus a margin per request, never above ``MAX_PLANNED_UNITS``.
+
+    A bound that holds for every parameter value: the loop ends at this count whatever the
+    arrival clock does (a gap that rounds to nothing leaves ``t`` where it was)."""
+    return int(min(MAX_PLANNED_UNITS, 8 * planned_units + 16 * num_requests + 10_000))
 MAX_COUNT_PARAMETER = 10_000  # num_* shape parameters (e.g. distinct system prompts)
 _POSITIVE_PREFIXES = ("num_", "max_", "mean_", "chunked_")
 
@@ -195,8 +211,15 @@ def generate_workload(
     return write_workload(out, cols, options.hash_block_tokens, workload, overwrite=overwrite)
 
 
-def _simulate(shape: Shape, cfg, process: ArrivalProcess, options: GenerateOptions, warmup_s: float, progress: bool):
-    """Start units until no later unit can place a request among the first N arrivals."""
+def _simulate(shape: Shape, cfg, process: ArrivalProcess, options: GenerateOptions, warmup_s: float,
+              progress: bool, max_units: int = MAX_PLANNED_UNITS):
+    """Start units until no later unit can place a request among the first N arrivals.
+
+    A unit starting at ``t >= cutoff`` (the N-th earliest arrival so far) cannot: its requests
+    arrive at ``t`` or later and, on a tie, sort after every earlier unit (larger serial). So the
+    loop ends there even when gaps add nothing to ``t``; and it never plans more than
+    ``max_units`` units (WorkloadError then, naming what to change).
+    """
     n = options.num_requests
     rng = np.random.default_rng(options.seed)
     units: dict[int, object] = {}
@@ -207,8 +230,14 @@ def _simulate(shape: Shape, cfg, process: ArrivalProcess, options: GenerateOptio
         t += process.gap_s(rng)
         if len(arrivals) >= n and (serial % 32 == 0 or cutoff == np.inf):
             cutoff = float(np.partition(np.array([a.at_s for a in arrivals]), n - 1)[n - 1])
-        if t > cutoff:
+        if t >= cutoff:
             break
+        if serial >= max_units:
+            bar.close()
+            raise WorkloadError(
+                f"shape {shape.name}: planned {serial:,} units without reaching {n} arrivals "
+                f"(arrival clock at {t:.3g} s); expected far fewer: raise --qps, lower --cv or pass "
+                "--cold-start")
         unit = shape.plan(cfg, rng, f"{shape.name}/{options.seed}/{serial}")
         kept = 0
         for i, r in enumerate(unit.requests):
