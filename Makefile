@@ -19,6 +19,17 @@ venv: $(STAMP)
 
 sglang: $(STAMP)
 
+# Headless Chromium for tests/report (the report's DOM and screenshot checks): Debian's chromium,
+# installed with apt only when missing and we are root (CI); idempotent. Without it those tests skip.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "chromium: missing and not installable here (not root or no apt-get): the browser tests skip"; fi; }
+
+test: chromium
+
 demo: $(STAMP)
 	$(BIN)/python -m replay.demo
 
