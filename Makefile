@@ -6,7 +6,7 @@ STAMP := $(VENV)/.kvtrace-installed
 SGLANG_VERSION := 0.5.23
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test bench lab data sglang clean-venv
+.PHONY: venv demo test bench lab data sglang clean-venv fork-env
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,7 +33,16 @@ test: chromium
 demo: $(STAMP)
 	$(BIN)/python -m replay.demo
 
-test: $(STAMP)
+# The DeepSeek-V4 fork's CPU environment (docs/fork.md): both shared commits unpacked and their
+# pins installed in .kvtrace-codes/ (cached by content; never in .venv). Skipped without ../shared.
+SHARED ?= ../shared
+FORK_TARBALLS := $(SHARED)/targets/bytedance-dsv4/sglang-pre659.tar.xz $(SHARED)/targets/bytedance-dsv4/sglang-post659.tar.xz
+
+fork-env: $(STAMP)
+	@if [ -d "$(SHARED)/targets/bytedance-dsv4" ]; then $(BIN)/python -m replay.codes prepare $(FORK_TARBALLS); \
+	else echo "fork-env: $(SHARED)/targets/bytedance-dsv4 absent: the fork's environment is not prepared (tests/fork skip)"; fi
+
+test: $(STAMP) fork-env
 	$(BIN)/python -m pytest -q -n 2 $(PYTEST_ARGS)
 
 bench: $(STAMP)
