@@ -6,6 +6,8 @@ import json
 
 import click
 
+from replay.cli.text import plural
+
 
 @click.command("verify")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
@@ -15,8 +17,9 @@ import click
 def verify(trace: str, rank: int, counts_only: bool, as_json: bool) -> None:
     """Re-execute TRACE's allocator ops against fresh pools and check every stats row.
 
-    Exit status 0 only when nothing diverges (verdict ok); 1 when the ledger diverges, page ops
-    conflict, the occupancy identity breaks (a leak) or events were dropped (gaps).
+    Exit status (the rule of docs/diagnosis.md, shared with `kvtrace doctor`): 0 only when
+    nothing diverges (verdict ok); 1 when the ledger diverges, page ops conflict, the occupancy
+    identity breaks (a leak) or events were dropped (gaps); 2 refused input.
     """
     from replay.diagnosis.verify import verify as run
 
@@ -31,20 +34,25 @@ def verify(trace: str, rank: int, counts_only: bool, as_json: bool) -> None:
 
 def _print(rep) -> None:
     t = rep.totals
-    click.echo(f"trace      {rep.trace}  ({rep.level} level, {rep.events:,} events, "
-               f"{rep.stats_rows_checked:,} stats rows, {rep.wall_s:.2f} s)")
+    click.echo(f"trace      {rep.trace}  ({rep.level} level, {plural(rep.events, 'event')}, "
+               f"{plural(rep.stats_rows_checked, 'stats row')}, {rep.wall_s:.2f} s)")
     click.echo(f"verdict    {rep.verdict}")
-    click.echo(f"ledger     {t.get('divergences', 0)} divergences; identity {t.get('identity_violations', 0)} "
-               f"violations; {t.get('double_frees', 0)} double frees, {t.get('unallocated_frees', 0)} frees "
-               f"of unallocated slots, {t.get('allocs_in_use', 0)} allocs of slots in use")
+    click.echo(f"ledger     {plural(t.get('divergences', 0), 'divergence')}; "
+               f"{plural(t.get('identity_violations', 0), 'identity violation')}; "
+               f"{plural(t.get('double_frees', 0), 'double free')}, "
+               f"{plural(t.get('unallocated_frees', 0), 'free')} of unallocated slots, "
+               f"{plural(t.get('allocs_in_use', 0), 'alloc')} of slots in use")
     f = rep.first_divergence
     if f:
-        click.echo(f"first      seq {f['seq']} ({f.get('kind')}, pool {f.get('pool')}, rid {f.get('rid')}): {f['message']}")
+        where = ", ".join(x for x in (f.get("kind") and str(f["kind"]),
+                                       f.get("pool") is not None and f"pool {f['pool']}",
+                                       f.get("rid") is not None and f.get("rid", -1) >= 0 and f"rid {f['rid']}") if x)
+        click.echo(f"first      seq {f['seq']}" + (f" ({where})" if where else "") + f": {f['message']}")
         for op in f.get("request_ops") or []:
-            click.echo(f"  request  seq {op['seq']} {op['pool']} {op['op']} {op['num_slots']} slots")
+            click.echo(f"  request  seq {op['seq']} {op['pool']} {op['op']} {plural(op['num_slots'], 'slot')}")
     if rep.identity_violations:
         v = rep.identity_violations[0]
         click.echo(f"identity   first at seq {v['seq']} (step {v['step']}, pool {v['pool']}): {v['message']}")
     for g in rep.drop_gaps:
-        click.echo(f"gap        seq {g['first_seq']}..{g['last_seq']}: {g['num_events']} events lost "
+        click.echo(f"gap        seq {g['first_seq']}..{g['last_seq']}: {plural(g['num_events'], 'event')} lost "
                    f"({g['reason']}); ledger re-anchored after it", err=True)

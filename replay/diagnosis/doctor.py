@@ -13,7 +13,16 @@
   slot-seconds (see :mod:`replay.diagnosis.holders`);
 - ``recommendations``: the DESIGN.md §5 knobs that address each cause, with the backend
   ``--set`` overrides (``sets``) and ``SGLANG_*`` switches (``env``) that express them (used by
-  ``--replay``).
+  ``--replay``), compared with the settings the trace was recorded with (``recorded_knobs``):
+  a value already recorded is never recommended; it is listed under ``already_on`` and the
+  recommendation's ``status`` says ``already_on`` (every value recorded), ``recommended`` or
+  ``no_knob`` (a bug, not a policy). :attr:`DoctorReport.fix_sets` / ``fix_env`` are what is left.
+
+Slot-seconds and shares are bounded by the SWA pool (:mod:`replay.diagnosis.shares`): a share of
+capacity x span is always in [0, 1].
+
+Exit status of ``kvtrace doctor`` (and ``kvtrace verify``): 0 healthy (verdict ``stable``), 1 a
+leak or growth found (``leak``, ``growing``), 2 refused input (see docs/diagnosis.md).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import numpy as np
 
 from replay.diagnosis.columns import POOL_NAMES, load_cache, load_requests, load_stats
 from replay.diagnosis.holders import attribute
+from replay.diagnosis.shares import bound_holders
 from replay.diagnosis.trend import NS_PER_HOUR, trend
 from tracer.schema import Pool
 
@@ -78,6 +88,18 @@ class DoctorReport:
     recommendations: list[dict]
     replay: dict | None = None
     notes: list[str] = field(default_factory=list)
+    recorded_knobs: dict = field(default_factory=dict)
+    recorded_env: dict = field(default_factory=dict)
+
+    @property
+    def fix_sets(self) -> list[str]:
+        """``key=value`` overrides recommended beyond the recorded settings (``--set``)."""
+        return list(dict.fromkeys(s for r in self.recommendations for s in r["sets"]))
+
+    @property
+    def fix_env(self) -> dict:
+        """``SGLANG_*`` switches recommended beyond the recorded ones."""
+        return {k: v for r in self.recommendations for k, v in r["env"].items()}
 
     @property
     def primary_cause(self) -> str | None:
@@ -93,15 +115,20 @@ class DoctorReport:
         return {"trace": self.trace, "verdict": self.verdict, "primary_cause": self.primary_cause,
                 "identity_violations": self.identity_violations, "growth": self.growth,
                 "holders": self.holders[:50], "num_holders": len(self.holders), "causes": self.causes,
-                "recommendations": self.recommendations, "replay": self.replay, "notes": self.notes}
+                "recommendations": self.recommendations, "fix_sets": self.fix_sets, "fix_env": self.fix_env,
+                "recorded_knobs": self.recorded_knobs, "recorded_env": self.recorded_env,
+                "replay": self.replay, "notes": self.notes}
 
 
-def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False) -> DoctorReport:
+def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False,
+           verbose: bool = False) -> DoctorReport:
     """Diagnose ``trace`` (a directory or an opened Trace); see the module docstring.
 
     Args:
         replay: also re-run the trace's workload under the recorded settings and under the
             recommended ones (``replay.diagnosis.rerun``) and say whether the growth disappears.
+        verbose: with ``replay``, let sglang's log lines and warnings through to the terminal
+            (otherwise they go to a log file, named in ``replay["log"]``).
     Raises:
         DiagnosisError: no ``stats`` rows; TraceError: unreadable trace.
     """
@@ -119,12 +146,14 @@ def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False
                          "miss them (drop gaps are not leaks)")
     if window > 0:
         rep.holders = attribute(load_cache(tr, rank), load_requests(tr, rank), st, window=window, page=page)
-    rep.causes = _causes(rep.holders, st)
-    rep.recommendations = [_recommend(c["cause"], window) for c in rep.causes]
+    rep.holders, rep.causes = _causes(rep.holders, st)
+    rep.recorded_knobs, rep.recorded_env = recorded(tr)
+    rep.recommendations = [_recommend(c["cause"], window, rep.recorded_knobs, rep.recorded_env)
+                           for c in rep.causes]
     if replay:
         from replay.diagnosis.rerun import replay_compare
 
-        rep.replay = replay_compare(tr, rep, progress=progress)
+        rep.replay = replay_compare(tr, rep, progress=progress, verbose=verbose)
     return rep
 
 
@@ -206,32 +235,87 @@ def _step_of_samples(tr, rank: int, st) -> tuple[np.ndarray, np.ndarray]:
     return np.searchsorted(seq[order], st.seq, side="left") - 1, batch[order]
 
 
-def _causes(holders: list[dict], st) -> list[dict]:
-    m = st.pool == int(Pool.SWA)
-    cap = float(st.capacity[m][0]) if np.any(m) else float(st.capacity[0])
-    span_s = max((st.ts_ns.max() - st.ts_ns.min()) / 1e9, 1e-9)
+def _causes(holders: list[dict], st) -> tuple[list[dict], list[dict]]:
+    """(holders with bounded slot-seconds, causes): per cause its holders, bounded slot-seconds
+    (:func:`replay.diagnosis.shares.bound_holders`) and share of SWA capacity x span (<= 1)."""
+    holders, by_cause, grid = bound_holders(holders, st)
     agg: dict[str, dict] = {}
     for h in holders:
         a = agg.setdefault(h["cause"], {"cause": h["cause"], "holders": 0, "slot_seconds": 0.0,
                                         "max_slots": 0, "rids": []})
         a["holders"] += 1
-        a["slot_seconds"] += h["slot_seconds"]
-        a["max_slots"] = max(a["max_slots"], h["slots"])
-        if h["rid"] >= 0 and len(a["rids"]) < 20:
-            a["rids"].append(h["rid"])
+        a["max_slots"] = max(a["max_slots"], int(h["slots"]))
+        if h["rid"] >= 0 and len(a["rids"]) < 20 and int(h["rid"]) not in a["rids"]:
+            a["rids"].append(int(h["rid"]))
     out = []
     for a in agg.values():
-        a["share_of_swa_capacity"] = round(a["slot_seconds"] / (cap * span_s), 4)
-        a["slot_seconds"] = round(a["slot_seconds"], 3)
+        a["share_of_swa_capacity"] = round(grid.share(by_cause[a["cause"]]), 4)
+        a["slot_seconds"] = round(by_cause[a["cause"]], 3)
         if a["share_of_swa_capacity"] >= MIN_SHARE or a["cause"] in SEVERITY:
             out.append(a)
-    return sorted(out, key=lambda a: (SEVERITY.get(a["cause"], 9), -a["slot_seconds"]))
+    return holders, sorted(out, key=lambda a: (SEVERITY.get(a["cause"], 9), -a["slot_seconds"]))
 
 
-def _recommend(cause: str, window: int) -> dict:
+def recorded(tr) -> tuple[dict, dict]:
+    """(knob values, ``SGLANG_*`` switches) the trace was recorded with: the manifest's recorded
+    settings (:func:`replay.knobs.recorded_settings`) and ``env``, then ``backend.json``'s
+    ``settings`` and ``env`` (written by ``kvtrace record``) over them."""
+    import json
+    from pathlib import Path
+
+    from replay.knobs import KNOB_BY_NAME, KnobError, recorded_settings
+
+    knobs = recorded_settings(tr.manifest)
+    env = {k: str(v) for k, v in (tr.manifest.get("env") or {}).items() if str(k).startswith("SGLANG_")}
+    try:
+        meta = json.loads((Path(tr.path) / "backend.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    if isinstance(meta, dict):
+        for name, raw in (meta.get("settings") or {}).items():
+            if name in KNOB_BY_NAME:
+                try:
+                    knobs[name] = KNOB_BY_NAME[name].parse(raw)
+                except KnobError:
+                    continue
+        env |= {str(k): str(v) for k, v in (meta.get("env") or {}).items()}
+    return knobs, env
+
+
+def _truthy(v) -> str:
+    text = str(v).strip().lower()
+    return {"1": "true", "yes": "true", "on": "true", "0": "false", "no": "false", "off": "false"}.get(text, text)
+
+
+def _set_is_on(item: str, knobs: dict, window: int) -> bool:
+    from replay.knobs import KnobError, parse_sets
+
+    try:
+        ((name, want),) = parse_sets([item]).items()
+    except KnobError:
+        return False
+    have = knobs.get(name)
+    if have is None:
+        return False
+    if name == "swa_eviction_interval_tokens":  # any interval up to the window frees every window
+        return 0 < int(have) <= max(int(want), window)
+    return have == want
+
+
+def _recommend(cause: str, window: int, knobs: dict | None = None, env: dict | None = None) -> dict:
+    """The recommendation for ``cause``, less what the trace was recorded with."""
     r = RECOMMENDATIONS[cause]
-    return {"cause": cause, "knobs": r["knobs"], "text": r["text"],
-            "sets": [s.format(window=max(window, 1)) for s in r["sets"]], "env": dict(r.get("env", {}))}
+    knobs, env = knobs or {}, env or {}
+    sets = [s.format(window=max(window, 1)) for s in r["sets"]]
+    want_env = dict(r.get("env", {}))
+    on = [s for s in sets if _set_is_on(s, knobs, window)]
+    on += [f"{k}={v}" for k, v in want_env.items() if _truthy(env.get(k, "")) == _truthy(v)]
+    left_sets = [s for s in sets if s not in on]
+    left_env = {k: v for k, v in want_env.items() if f"{k}={v}" not in on}
+    status = "no_knob" if not sets and not want_env else ("already_on" if not left_sets and not left_env
+                                                           else "recommended")
+    return {"cause": cause, "knobs": r["knobs"], "text": r["text"], "sets": left_sets, "env": left_env,
+            "already_on": on, "status": status}
 
 
 def hours(ns: float) -> float:

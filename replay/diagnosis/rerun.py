@@ -44,18 +44,29 @@ def workload_rows(tr, rank: int = 0) -> list[dict]:
     return rows
 
 
-def replay_compare(tr, report, *, progress: bool = False) -> dict:
-    """Record the workload twice (recorded, recommended) and diagnose both runs."""
+def _said(run: dict) -> str:
+    """``stable`` or ``growing (protected_prefix_pinned)``: a verdict and its cause when there is one."""
+    return run["verdict"] + (f" ({run['primary_cause']})" if run.get("primary_cause") else "")
+
+
+def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False) -> dict:
+    """Record the workload twice (recorded, recommended) and diagnose both runs.
+
+    With nothing to change (no recommendation beyond the recorded settings and no planted bug)
+    nothing is run; the summary says so."""
     from replay.backends.sglang import write_workload
     from replay.diagnosis.doctor import doctor
     from replay.diagnosis.make_incidents import sglang_switches
     from replay.record import record_workload
 
     sets, incident, env = recorded_settings(tr)
-    fix = [s for r in report.recommendations for s in r["sets"]]
-    fix_env = {k: v for r in report.recommendations for k, v in r.get("env", {}).items()}
+    fix, fix_env = report.fix_sets, report.fix_env
     out = {"recorded_sets": sets, "recommended_sets": fix, "recorded_env": env, "recommended_env": fix_env,
            "incident": incident or None}
+    if not fix and not fix_env and not incident:
+        out.update(runs={}, growth_disappears=False,
+                   summary="nothing replayed: no recommendation beyond the recorded settings")
+        return out
     with tempfile.TemporaryDirectory() as tmp:
         w = write_workload(Path(tmp) / "w", workload_rows(tr), hash_block_tokens=int(tr.manifest.get("hash_block_tokens") or 16))
         runs = {}
@@ -76,7 +87,8 @@ def replay_compare(tr, report, *, progress: bool = False) -> dict:
     gone = (before["verdict"] != "stable" and after["verdict"] == "stable") or (
         report.primary_cause is not None and report.primary_cause not in after["causes"])
     out["growth_disappears"] = bool(gone)
-    out["summary"] = (f"recorded: {before['verdict']} ({before['primary_cause']}); recommended "
-                      f"{' '.join(fix + [f'{k}={v}' for k, v in fix_env.items()]) or '(fix of the planted bug)'}: {after['verdict']} "
-                      f"({after['primary_cause']}) -> " + ("the problem disappears" if gone else "the problem remains"))
+    change = " ".join([f"--set {s}" for s in fix] + [f"{k}={v}" for k, v in fix_env.items()])
+    out["summary"] = (f"recorded: {_said(before)}; recommended "
+                      f"{change or '(the planted bug left out)'}: {_said(after)}; "
+                      + ("the problem disappears" if gone else "the problem remains"))
     return out
