@@ -20,10 +20,10 @@
 
 # %% tags=["parameters"]
 import os
-from pathlib import Path
 
-ROOT = Path(os.environ.get("KVTRACE_ROOT", Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()))
-TRACE = os.environ.get("KVTRACE_DATA", str(ROOT / "data/traces/ab/baseline"))
+from replay.paths import bundled  # the bundled data, from any directory and an installed kvtrace
+
+TRACE = os.environ.get("KVTRACE_DATA", str(bundled("traces/ab/baseline")))
 RESAMPLE = "2s"
 
 # %%

@@ -22,9 +22,12 @@
 import os
 from pathlib import Path
 
-ROOT = Path(os.environ.get("KVTRACE_ROOT", Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()))
-BEFORE = os.environ.get("KVTRACE_DATA", str(ROOT / "data/traces/ab/baseline"))
-AFTER = str(ROOT / "data/traces/ab/swa-fixes")
+from replay.paths import bundled  # the bundled data, from any directory and an installed kvtrace
+
+BEFORE = os.environ.get("KVTRACE_DATA", str(bundled("traces/ab/baseline")))
+# the "after" trace: KVTRACE_AFTER, else the bundled fix of the bundled default (never a trace
+# unrelated to the one you named)
+AFTER = os.environ.get("KVTRACE_AFTER") or (str(bundled("traces/ab/swa-fixes")) if "KVTRACE_DATA" not in os.environ else "")
 
 # %%
 import plotly.graph_objects as go
@@ -33,7 +36,7 @@ import polars as pl
 from replay.analysis import host_allocator_cpu
 from replay.report import figures as F
 
-runs = {"before": BEFORE, "after": AFTER} if Path(AFTER).exists() and AFTER != BEFORE else {"trace": BEFORE}
+runs = {"before": BEFORE, "after": AFTER} if AFTER and Path(AFTER).exists() and AFTER != BEFORE else {"trace": BEFORE}
 per_op = pl.concat([host_allocator_cpu(p, pools=None).per_op.collect().with_columns(run=pl.lit(k))
                     for k, p in runs.items()])
 per_op

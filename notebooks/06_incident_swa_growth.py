@@ -13,30 +13,35 @@
 
 # %% [markdown]
 # # 06 Incident: SWA growth
-# An incident trace where SWA occupancy grows under multi-turn churn. Steps: diagnose it
-# (`replay.diagnosis.doctor`: identity, growth trend, who holds SWA and why, which knob stops
-# it), look at the holders, then compare with the replay of the same requests under the fix.
-# **Look at:** the growth slope before vs after, and whether the prefix-hit ratio held.
+# An incident trace where SWA occupancy grows. Steps: diagnose it (`replay.diagnosis.doctor`:
+# identity, growth trend, who holds SWA and why, which knob stops it), look at the holders, then
+# **replay the same trace** under its recorded settings and under the doctor's recommendation
+# (`replay.report.proof.replayed_proof`, the reference backend: about a second on the bundled
+# incidents), or read the fixed run you name in `FIXED_RUN`.
+# **Look at:** the growth verdict before vs after, and whether the prefix-hit ratio held.
 
 # %% tags=["parameters"]
 import os
-from pathlib import Path
 
-ROOT = Path(os.environ.get("KVTRACE_ROOT", Path.cwd().parent if Path.cwd().name == "notebooks" else Path.cwd()))
-INCIDENT = os.environ.get("KVTRACE_DATA", str(ROOT / "data/traces/ab/baseline"))
-FIXED = str(ROOT / "data/traces/ab/swa-fixes")
-REPLAY = False  # True: also replay the incident under the recorded and the recommended settings (minutes)
+from replay.paths import bundled  # the bundled data, from any directory and an installed kvtrace
+
+INCIDENT = os.environ.get("KVTRACE_DATA", str(bundled("incidents/private_range_kept")))
+FIXED_RUN = os.environ.get("KVTRACE_FIXED_RUN", "")  # a run of the SAME requests under the fix ("" = replay it here)
+BACKEND = "reference"  # backend of the replays ("sglang": the real classes, slower)
 
 # %%
+import tempfile
+
 import plotly.graph_objects as go
 import polars as pl
 
-from replay.analysis import holdings, prefix_hit_ratio
+from replay.analysis import holdings
 from replay.diagnosis.doctor import doctor
 from replay.report import figures as F
+from replay.report.proof import PROOF_METRICS, replayed_proof, trace_column
 
-report = doctor(INCIDENT, replay=REPLAY)
-print(f"verdict: {report.verdict}   primary cause: {report.primary_cause}   "
+report = doctor(INCIDENT)
+print(f"verdict: {report.verdict}   primary cause: {report.primary_cause or 'none'}   "
       f"identity violations: {len(report.identity_violations)}")
 pl.DataFrame([{"pool": pool, **{k: g.get(k) for k in ("verdict", "slope_tokens_per_hour", "p_value",
                                                        "first_tokens", "last_tokens", "capacity", "hours_to_exhaustion")}}
@@ -53,14 +58,15 @@ fig = go.Figure()
 for cause in dict.fromkeys(h["cause"] for h in top):
     rows = [h for h in top if h["cause"] == cause]
     fig.add_bar(x=[h["slot_seconds"] for h in rows], y=[h["holder"] for h in rows], name=cause, orientation="h")
-fig.update_layout(title="Top SWA holders (slot-seconds)", yaxis={"autorange": "reversed"}, xaxis_title="slot-seconds")
+fig.update_layout(title="Top SWA holders", yaxis={"autorange": "reversed", "title": "holder"},
+                  xaxis_title="SWA slot-seconds held outside the window (slot·s)")
 fig.show() if top else print("no SWA holders attributed (no sliding window in this trace, or nothing held)")
 
 # %% [markdown]
 # **What would stop it.** The knobs the diagnosis recommends, as `kvtrace replay --set` arguments:
 
 # %%
-pl.DataFrame([{"cause": r["cause"], "set": " ".join(f"--set {k}" for k in r["sets"]), "why": r["text"]}
+pl.DataFrame([{"cause": r["cause"], "set": " ".join(f"--set {k}" for k in r["sets"]) or "(no knob)", "why": r["text"]}
               for r in report.recommendations]) if report.recommendations else "no recommendation"
 
 # %% [markdown]
@@ -70,15 +76,23 @@ pl.DataFrame([{"cause": r["cause"], "set": " ".join(f"--set {k}" for k in r["set
 holdings(INCIDENT, by="session").head(10).collect()
 
 # %% [markdown]
-# **Before / after the fix.** The after run replays the incident's requests under `swa-fixes`
-# (with another incident trace: `kvtrace replay TRACE --policy swa-fixes --out RUN`, or set
-# `REPLAY = True` above to let the diagnosis replay it under the recommended knobs). Look at the
-# level the SWA curve settles at and at the prefix-hit ratio below: the fix must not buy memory
-# with hits.
+# **Before / after the fix, on the same requests.** Without `FIXED_RUN`, the incident is replayed
+# twice: under its recorded settings (the control: do the settings alone reproduce it?) and with
+# the recommended `--set` knobs added. With `FIXED_RUN`, that run is read instead (it must replay
+# this trace's requests, e.g. `kvtrace replay INCIDENT --set ... --out RUN`). Look at the SWA level
+# and at the prefix-hit ratio: the fix must not buy memory with hits.
 
 # %%
-pair = {"incident": INCIDENT, "fix": FIXED} if Path(FIXED).exists() and FIXED != INCIDENT else {"incident": INCIDENT}
-F.overlay_figure(pair, pool="swa", column="used", title="SWA used: incident vs fix").show()
-if report.replay:
-    print(report.replay)
-{k: round(prefix_hit_ratio(v), 4) for k, v in pair.items()}
+work = tempfile.mkdtemp(prefix="kvtrace-nb06-")
+if FIXED_RUN:
+    columns = [trace_column(INCIDENT), trace_column(FIXED_RUN, label="fixed run")]
+    conclusion = f"{columns[0].verdict} as recorded, {columns[1].verdict} in {FIXED_RUN}"
+else:
+    proof = replayed_proof(INCIDENT, report, work, backend=BACKEND)
+    columns, conclusion = proof.columns, proof.conclusion
+print(conclusion)
+pl.DataFrame([{"": c.label, "verdict": c.verdict, **{m: c.metrics.get(m) for m in PROOF_METRICS}} for c in columns])
+
+# %%
+F.overlay_figure({c.label: c.path for c in columns}, pool="swa", resample="250ms",
+                 title="SWA used: recorded vs replayed").show()

@@ -3,7 +3,9 @@
 Layout (timestamps in µs of trace time, sorted):
 
 * process 1 "kvtrace pools": one counter event per ``stats`` row, named ``<pool> pool`` with
-  args ``used, evictable, protected, held`` (Perfetto draws one track per pool metric);
+  args ``used, evictable, protected, held`` (Perfetto draws one track per pool metric); a
+  trace without ``stats`` rows gets ``used`` from the allocator ledger instead (Σ alloc − Σ
+  free per pool, the maximum per 10 ms bucket), so the timeline always has memory counters;
   thread 1 "scheduler": one slice per ``sched`` step row (name = mode, ``dur`` = ``step_ns``,
   cut at the next step); instants (``ph: i``) for evictions (``cache`` evict rows),
   retractions (``sched`` retract rows) and drops (``drops`` rows);
@@ -17,17 +19,36 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from replay.analysis._base import as_trace
+from replay.analysis._base import POOLS_KV, as_trace
+from replay.errors import KvtraceError
 
 POOL_PID, REQ_PID, SCHED_TID = 1, 2, 1
 STATS_ARGS = ("used", "evictable", "protected", "held")
 
 
+#: bucket of the ledger-derived counters of a trace without ``stats`` rows
+LEDGER_RESAMPLE = "10ms"
+
+
+def require_memory_rows(trace, command: str):
+    """The trace, or KvtraceError when it is a workload (request rows only: no ``pool`` and no
+    ``stats`` rows), naming what is missing and how to get a trace that has them."""
+    t = as_trace(trace)
+    if not t.rows("pool") and not t.rows("stats"):
+        raise KvtraceError(
+            f"{t.path}: a workload, not a recorded trace: 0 pool rows and 0 stats rows "
+            f"({t.rows('request'):,} request rows); {command} needs pool memory: record it first "
+            f"(kvtrace record --workload {t.path} --out TRACE) or replay it (kvtrace replay {t.path} --out RUN)")
+    return t
+
+
 def perfetto_events(trace) -> list[dict]:
-    """The trace-event list (metadata events first, then sorted by ``ts``)."""
+    """The trace-event list (metadata events first, then sorted by ``ts``). Pool counters come
+    from the ``stats`` rows, or, in a trace without them, from the allocator ledger (Σ alloc −
+    Σ free per pool, its maximum per 10 ms: counter args ``used`` only)."""
     import polars as pl
 
-    t = as_trace(trace)
+    t = require_memory_rows(trace, "export perfetto")
     ev: list[dict] = []
     stats = (t.lazy("stats").sort("seq")
              .select("ts_ns", pl.col("pool").cast(pl.String), (pl.col("capacity") - pl.col("available")).alias("used"),
@@ -35,6 +56,8 @@ def perfetto_events(trace) -> list[dict]:
     for ts, pool, *vals in stats.iter_rows():
         ev.append({"name": f"{pool} pool", "ph": "C", "ts": ts / 1e3, "pid": POOL_PID,
                    "args": dict(zip(STATS_ARGS, vals))})
+    if not stats.height:
+        ev += _ledger_counters(t)
     sched = t.lazy("sched").with_columns(pl.col("kind", "mode", "verdict").cast(pl.String)).sort("seq").collect()
     steps = sched.filter(pl.col("kind") == "step")
     st_ts = steps["ts_ns"].to_list()
@@ -61,6 +84,14 @@ def perfetto_events(trace) -> list[dict]:
             {"name": "thread_name", "ph": "M", "pid": POOL_PID, "tid": SCHED_TID, "args": {"name": "scheduler"}},
             {"name": "process_name", "ph": "M", "pid": REQ_PID, "args": {"name": "requests"}}]
     return meta + ev
+
+
+def _ledger_counters(t) -> list[dict]:
+    from replay.analysis.occupancy import occupancy
+
+    d = occupancy(t, pools=POOLS_KV, resample=LEDGER_RESAMPLE).drop_nulls("used_events_max").collect()
+    return [{"name": f"{pool} pool", "ph": "C", "ts": t_ns / 1e3, "pid": POOL_PID, "args": {"used": int(used)}}
+            for pool, t_ns, used in d.select("pool", "t_ns", "used_events_max").iter_rows()]
 
 
 def _instant(name: str, ts_ns: int, args: dict) -> dict:

@@ -18,15 +18,18 @@ def export() -> None:
               help="JSON file to write (open it in ui.perfetto.dev or chrome://tracing).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (path and event counts).")
 def perfetto(trace: str, out: str, as_json: bool) -> None:
-    """Write TRACE as Chrome trace-event JSON: pool counters, step and request-phase slices,
-    eviction/retraction/drop instants."""
+    """Write TRACE as Chrome trace-event JSON: pool counters (from stats rows, else from the
+    allocator ledger), step and request-phase slices, eviction/retraction/drop instants.
+    Workloads (no pool or stats rows) are refused (exit 2)."""
     from replay.analysis.perfetto import export_perfetto
-    from replay.trace import TraceError
+    from replay.errors import KvtraceError
 
     try:
         res = export_perfetto(trace, out)
-    except (TraceError, ValueError, KeyError) as e:
-        raise click.ClickException(str(e)) from None
+    except (ValueError, KeyError) as e:
+        if isinstance(e, KvtraceError):
+            raise
+        raise KvtraceError(str(e)) from None
     if as_json:
         click.echo(json.dumps(res))
     else:

@@ -10,17 +10,34 @@ import click
 @click.command("report")
 @click.argument("target", metavar="TRACE_OR_RUNS", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
+@click.option("--replay", "do_replay", is_flag=True,
+              help="Replay the trace under its recorded and the recommended settings and show the "
+                   "result beside the headline (a directory of runs shows its runs without this).")
+@click.option("--backend", type=click.Choice(["reference", "sglang"]), default="reference", show_default=True,
+              help="Backend of the --replay runs.")
 @click.option("--resample", default="1s", show_default=True, help="Time bucket of the figures.")
-@click.option("--no-diagnosis", is_flag=True, help="Skip the diagnosis section.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (path, figure titles).")
-def report(target: str, out: str, resample: str, no_diagnosis: bool, as_json: bool) -> None:
-    """Write one self-contained HTML report (Plotly inlined, opens offline) of a trace, a run or a
-    sweep directory: figures, each run's summary, the manifest and the diagnosis."""
+@click.option("--no-diagnosis", is_flag=True, help="Skip the diagnosis (no headline verdict).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (path, verdict, figures, proof).")
+def report(target: str, out: str, do_replay: bool, backend: str, resample: str, no_diagnosis: bool,
+           as_json: bool) -> None:
+    """Write one self-contained HTML incident report (Plotly inlined, opens offline) of a trace, a
+    run or a directory of them: the verdict, cause and fix first (with the replayed proof), then
+    the evidence figures, then the details as tables. Workloads are refused (exit 2)."""
+    from replay.errors import KvtraceError
     from replay.report import build_report
-    from replay.trace import TraceError
 
     try:
-        res = build_report(target, out, resample=resample, diagnose=not no_diagnosis)
-    except (TraceError, ValueError, FileNotFoundError) as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(json.dumps(res) if as_json else f"wrote {res['out']} ({len(res['figures'])} figures)")
+        res = build_report(target, out, resample=resample, diagnose=not no_diagnosis, replay=do_replay,
+                           backend=backend)
+    except (ValueError, FileNotFoundError) as e:
+        if isinstance(e, KvtraceError):
+            raise
+        raise KvtraceError(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(res, default=str))
+        return
+    verdict = f"{res['verdict']}" + (f" ({res['primary_cause']})" if res["primary_cause"] else "")
+    click.echo(f"wrote {res['out']}: verdict {verdict if res['verdict'] else 'not diagnosed'}, "
+               f"{len(res['figures'])} figures" + (", replayed proof" if res["proof"] else ""))
+    if res["proof"]:
+        click.echo(f"proof: {res['proof']['conclusion']}")

@@ -1,109 +1,201 @@
-"""``build_report``: one self-contained HTML file (Plotly inlined, opens offline) for a trace,
-a run, or a sweep directory of runs: the figures that apply, each run's summary, the manifest,
-and the diagnosis (``replay.diagnosis.doctor``) of each trace when it can be computed.
+"""``build_report``: one self-contained HTML file (Plotly inlined, opens offline) for a trace, a run,
+or a directory of traces and runs (a sweep, ``make demo``'s output), written as an incident
+document:
+
+1. the headline (:mod:`replay.report.headline`): verdict per pool, the primary cause in one
+   sentence, the holders that matter and the recommended knobs as ``--set`` arguments of the
+   primary trace (the recording when the directory has one, else the first run), with the
+   replayed proof beside it (:mod:`replay.report.proof`: ``replay=True`` replays the trace under
+   the recorded and the recommended settings; a directory of runs shows its runs);
+2. the evidence figures (:mod:`replay.report.figures`; an all-zero panel is a sentence);
+3. the details as HTML tables (:mod:`replay.report.tables`): each trace's summary, manifest
+   and diagnosis.
+
+Workloads (request rows only: no ``pool`` or ``stats`` rows) are refused, naming what is missing.
 """
 
 from __future__ import annotations
 
 import html
-import json
+import tempfile
 from pathlib import Path
 
-from replay.analysis.runs import SUMMARY_FILE, find_runs, load_summary
-from replay.trace import open_trace
+from replay.errors import KvtraceError
+
+PARTIAL_DIR = ".partial"
 
 
-def _targets(target: Path) -> list[Path]:
+def find_traces(target: Path) -> list[Path]:
+    """``target`` when it is a trace, else every trace directory below it (sorted; a sweep's
+    unfinished ``.partial`` runs left out)."""
     if (target / "manifest.json").is_file():
         return [target]
-    return [p for p in find_runs(target) if (p / "manifest.json").is_file()]
+    return sorted(p.parent for p in target.rglob("manifest.json") if PARTIAL_DIR not in p.parts)
 
 
-def build_report(target, out, *, resample="1s", diagnose: bool = True, progress: bool = False) -> dict:
-    """Write the report of ``target`` (trace, run or sweep directory) to ``out``.
+def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: bool = False,
+                 backend: str = "reference", progress: bool = False) -> dict:
+    """Write the report of ``target`` (trace, run or directory of them) to ``out``.
 
-    Returns ``{"out", "figures": [titles], "runs": [paths], "diagnosis": bool}``.
-    Raises FileNotFoundError / replay.trace.TraceError naming the path when nothing is readable.
+    Args:
+        replay: replay the primary trace under the recorded and the recommended settings
+            (``backend``) for the proof beside the headline.
+    Returns:
+        ``{"out", "figures": [titles], "runs": [paths], "primary", "verdict", "primary_cause",
+        "recommended_sets", "proof": Proof.to_dict() or None, "diagnosis": bool, "notes"}``.
+    Raises:
+        KvtraceError (TraceError, RunError): nothing readable, a workload, a trace that cannot be replayed.
     """
     import plotly.offline
 
+    from replay.analysis.perfetto import require_memory_rows
+    from replay.analysis.runs import SUMMARY_FILE, load_summary
     from replay.report import figures as F
+    from replay.report.headline import headline_html
+    from replay.report.proof import replayed_proof, runs_proof, trace_column
+    from replay.report.tables import diagnosis_tables, kv_table
+    from replay.trace import open_trace
 
     target, out = Path(target), Path(out)
-    runs = _targets(target)
-    if not runs:
-        raise FileNotFoundError(f"{target}: no trace or run below it; expected a trace directory "
-                                "(manifest.json) or a sweep directory of runs")
-    figs: list = []
-    sections: list[str] = []
-    traces = {str(r.relative_to(target)) if r != target else r.name: open_trace(r) for r in runs}
-    if len(traces) > 1:
-        if all((r / SUMMARY_FILE).is_file() for r in runs):
-            figs.append(F.compare_figure(runs))
-        figs.append(F.overlay_figure(traces, pool="swa"))
-        figs.append(F.overlay_figure(traces, pool="full"))
-    first = next(iter(traces.values()))
-    if first.rows("stats"):
-        figs.append(F.occupancy_figure(first, resample=resample,
-                                       title=f"Pool occupancy: {next(iter(traces))}"))
-    if first.rows("pool"):
-        figs.append(F.churn_figure(first, window=resample, title=f"Allocator churn: {next(iter(traces))}"))
-        figs.append(F.allocator_cpu_figure(first, title=f"Allocator CPU time: {next(iter(traces))}"))
-    if first.rows("request"):
-        figs.append(F.capacity_figure(first))
-    diag_ok = False
-    for label, tr in traces.items():
-        summary = load_summary(tr.path) if (tr.path / SUMMARY_FILE).is_file() else None
-        diag = _diagnosis(tr) if diagnose else None
-        diag_ok |= diag is not None
-        sections.append(_run_section(label, tr, summary, diag))
-    titles = [f.layout.title.text for f in figs]
-    body = "\n".join(f'<div class="fig">{f.to_html(full_html=False, include_plotlyjs=False)}</div>'
-                     for f in figs)
+    paths = find_traces(target)
+    if not paths:
+        raise KvtraceError(f"{target}: no trace or run below it; expected a trace directory "
+                           "(manifest.json) or a directory of traces and runs (a sweep)")
+    opened = {p: open_trace(p) for p in paths}
+    notes: list[str] = []
+    recorded = {}
+    for p, tr in opened.items():
+        try:
+            recorded[p] = require_memory_rows(tr, "report")
+        except KvtraceError:
+            if len(paths) == 1:
+                raise
+            notes.append(f"{p}: a workload (no pool or stats rows), left out")
+    if not recorded:
+        raise KvtraceError(f"{target}: every trace below it is a workload (request rows only: no pool or "
+                           "stats rows); report needs recorded traces or runs (kvtrace record / kvtrace replay)")
+    label = {p: (str(p.relative_to(target)) if p != target else p.name) for p in recorded}
+    runs = [p for p in recorded if (p / SUMMARY_FILE).is_file()]
+    primary = next((p for p in recorded if p not in runs), next(iter(recorded)))
+    tr = recorded[primary]
+
+    diags, diag_objs = {}, {}
+    if diagnose:
+        for p, t in recorded.items():
+            d, err = _diagnosis(t)
+            diag_objs[p] = d
+            diags[p] = d.to_dict() if d is not None else {"error": err}
+    diag = diag_objs.get(primary)
+    if diagnose and diag is None:
+        notes.append(f"{primary}: no diagnosis ({diags[primary]['error']})")
+
+    with tempfile.TemporaryDirectory(prefix="kvtrace-report-") as tmp:
+        proof = None
+        if diag is not None and replay:
+            proof = replayed_proof(primary, diag, Path(tmp), backend=backend)
+        elif diag is not None and runs and len(recorded) > 1:
+            first = None if primary in runs else trace_column(primary, verdict=diag.verdict,
+                                                               growth={p: g["verdict"] for p, g in diag.growth.items()})
+            proof = runs_proof(first, runs, target)
+        proof_fig = ""
+        if proof is not None:
+            series = {c.label: c.path for c in proof.columns}
+            proof_fig = "".join(_render(F.overlay_figure(series, pool="swa", column=col, resample=resample,
+                                                         title=f"SWA {what} over time: recorded vs replayed"))
+                                for col, what in (("not_evictable", "not evictable (used − evictable)"),
+                                                  ("used", "used")))
+        figs = _evidence(F, tr, label[primary], recorded, label, runs, resample)
+        head = (headline_html(label[primary], str(primary), diag, proof, proof_fig) if diag is not None else
+                '<section class="headline"><p class="note">No diagnosis: '
+                + html.escape("; ".join(notes) or "skipped (--no-diagnosis)") + "</p></section>")
+        body = "\n".join(_render(f) for f in figs)
+    sections = []
+    for p, t in recorded.items():
+        summary = load_summary(p) if p in runs else None
+        sections.append(_details(label[p], t, summary, diags.get(p), kv_table, diagnosis_tables))
     page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly.offline.get_plotlyjs(),
-                        target=html.escape(str(target)), figures=body, runs="\n".join(sections))
+                        target=html.escape(str(target)), headline=head, figures=body,
+                        notes="".join(f'<p class="note">{html.escape(n)}</p>' for n in notes),
+                        details="\n".join(sections))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
-    return {"out": str(out), "figures": titles, "runs": [str(r) for r in runs], "diagnosis": diag_ok}
+    sets = proof.fix_sets if proof is not None else (
+        [s for r in diag.recommendations for s in r.get("sets", [])] if diag is not None else [])
+    return {"out": str(out), "figures": [f.layout.title.text for f in figs], "runs": [str(r) for r in runs],
+            "primary": str(primary), "verdict": diag.verdict if diag else None,
+            "primary_cause": diag.primary_cause if diag else None, "recommended_sets": sets,
+            "proof": proof.to_dict() if proof is not None else None, "diagnosis": diag is not None, "notes": notes}
+
+
+def _evidence(F, tr, name, recorded, label, runs, resample) -> list:
+    figs = [F.occupancy_figure(tr, resample=resample, title=f"Pool occupancy: {name}")]
+    if tr.rows("pool"):
+        figs.append(F.churn_figure(tr, window=resample, title=f"Allocator churn: {name}"))
+        figs.append(F.allocator_cpu_figure(tr, title=f"Allocator CPU time: {name}"))
+    if tr.rows("request"):
+        figs.append(F.capacity_figure(tr))
+    if len(runs) > 1:
+        figs.append(F.compare_figure(runs))
+    if len(recorded) > 1:
+        series = {label[p]: t for p, t in recorded.items()}
+        figs.append(F.overlay_figure(series, pool="swa", resample=resample, title="SWA pool used, every trace"))
+        figs.append(F.overlay_figure(series, pool="full", resample=resample, title="Full pool used, every trace"))
+    return figs
+
+
+def _render(fig) -> str:
+    from replay.report.figures import empty_reason, notes
+
+    title = html.escape(str(fig.layout.title.text or ""))
+    why = empty_reason(fig)
+    if why:
+        return f'<div class="fig empty"><p><b>{title}</b>: {html.escape(why)}</p></div>'
+    extra = "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes(fig))
+    return (f'<div class="fig">{fig.to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})}'
+            f"{extra}</div>")
 
 
 def _diagnosis(tr):
     try:
         from replay.diagnosis.doctor import doctor
-    except ImportError:
-        return None
+    except ImportError as e:
+        return None, str(e)
     try:
-        return doctor(tr).to_dict()
-    except Exception as e:  # a trace the doctor cannot read still gets its report
-        return {"error": f"{type(e).__name__}: {e}"}
+        return doctor(tr), None
+    except Exception as e:  # noqa: BLE001  (a trace the doctor cannot read still gets its report)
+        return None, f"{type(e).__name__}: {e}"
 
 
-def _run_section(label, tr, summary, diag) -> str:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
-                   for k, v in (summary or {}).items() if k != "settings")
-    parts = [f"<h2>{html.escape(label)}</h2>"]
-    if rows:
-        parts.append(f"<h3>Summary</h3><table>{rows}</table>")
-    parts.append(f"<h3>Manifest</h3><pre>{html.escape(json.dumps(tr.manifest, indent=1, default=str))}</pre>")
+def _details(label, tr, summary, diag, kv_table, diagnosis_tables) -> str:
+    e = html.escape
+    parts = [f"<h3>{e(label)}</h3>"]
+    if summary:
+        parts.append("<h4>Run summary</h4>" + kv_table({k: v for k, v in summary.items() if k != "settings"})
+                     + "<h4>Run settings</h4>" + kv_table(summary.get("settings") or {}))
+    parts.append("<h4>Manifest</h4>" + kv_table(tr.manifest))
     if diag is not None:
-        parts.append(f"<h3>Diagnosis</h3><pre>{html.escape(json.dumps(diag, indent=1, default=str))}</pre>")
-    return "<section>" + "".join(parts) + "</section>"
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.6g}"
-    return json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v)
+        parts.append("<h4>Diagnosis</h4>" + (f"<p>{e(diag['error'])}</p>" if "error" in diag else diagnosis_tables(diag)))
+    return "<details><summary>" + e(label) + "</summary><section>" + "".join(parts) + "</section></details>"
 
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;margin:1.5em;max-width:1400px}} table{{border-collapse:collapse}}
-th,td{{border:1px solid #ccc;padding:2px 8px;text-align:left;font-size:13px}}
-pre{{background:#f6f6f6;padding:8px;max-height:400px;overflow:auto;font-size:12px}}</style>
+<style>body{{font-family:sans-serif;margin:1.5em;max-width:1500px;color:#222}}
+table{{border-collapse:collapse;margin:4px 0}} th,td{{border:1px solid #ccc;padding:2px 8px;text-align:left;
+font-size:13px;vertical-align:top;overflow-wrap:anywhere}} th{{background:#f2f2f2}}
+.headline{{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:24px;border:2px solid #444;
+padding:12px 18px;border-radius:6px;background:#fafafa}}
+.bad{{color:#b00020}} .good{{color:#1b7f3b}} .verdicts li{{margin:3px 0}} .num{{color:#555}}
+pre.cmd{{background:#222;color:#eee;padding:8px;white-space:pre-wrap;font-size:13px}}
+.note{{color:#555;font-size:13px}} .fig{{margin:18px 0}} .fig.empty p{{background:#f6f6f6;padding:8px}}
+details{{margin:8px 0}} summary{{cursor:pointer;font-weight:bold}}</style>
 <script type="text/javascript">{plotly}</script></head>
-<body><h1>kvtrace report</h1><p>Source: <code>{target}</code></p>
+<body><h1>kvtrace incident report</h1><p>Source: <code>{target}</code></p>
+{headline}
+{notes}
+<h2>Evidence</h2>
 {figures}
-{runs}
+<h2>Details</h2>
+{details}
 </body></html>
 """
