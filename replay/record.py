@@ -90,8 +90,10 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     if progress:
         from tqdm import tqdm
 
+        from replay.console import progress_stream
+
         bar = tqdm(total=len(wl.requests), unit="req", desc="record", leave=False, disable=None,
-                   mininterval=0.5)
+                   mininterval=0.5, file=progress_stream())
     kw = {"incident": incident, "incident_every": incident_every} if incident else {}
     failed = None
     try:

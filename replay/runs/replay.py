@@ -226,8 +226,10 @@ class _Progress:
     def __init__(self, total: int, first_ns: int, last_ns: int) -> None:
         from tqdm import tqdm
 
+        from replay.console import progress_stream
+
         self.bar = tqdm(total=total, unit="req", desc="replay", leave=False, mininterval=0.5,
-                        disable=None, file=sys.stderr)
+                        disable=None, file=progress_stream())
         self.first_ns, self.done, self.calls = first_ns, 0, 0
 
     def update(self, done: int, clock_ns: int) -> None:

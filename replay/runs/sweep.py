@@ -245,8 +245,10 @@ def _run_ray(args, jobs: int):
 def _bar(total: int, initial: int):
     from tqdm import tqdm
 
+    from replay.console import progress_stream
+
     return tqdm(total=total, initial=initial, unit="run", desc="sweep", leave=False, disable=None,
-                file=sys.stderr)
+                file=progress_stream())
 
 
 def _write_table(out: Path, specs, results: dict, grid):
