@@ -96,7 +96,8 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
         elif diag is not None and runs and len(recorded) > 1:
             first = None if primary in runs else trace_column(primary, verdict=diag.verdict,
                                                                growth={p: g["verdict"] for p, g in diag.growth.items()})
-            proof = runs_proof(first, runs, target)
+            known = {p: (d.verdict, _pool_verdicts(d)) for p, d in diag_objs.items() if d is not None}
+            proof = runs_proof(first, runs, target, known)
         proof_fig = ""
         if proof is not None:
             series = {c.label: c.path for c in proof.columns}
@@ -143,6 +144,12 @@ def _evidence(F, tr, name, recorded, label, runs, resample) -> list:
     return figs
 
 
+def _pool_verdicts(d) -> dict:
+    out = {p: g["verdict"] for p, g in d.growth.items()}
+    out.update({v["pool"]: "leak" for v in d.identity_violations})
+    return out
+
+
 def _render(fig) -> str:
     from replay.report.figures import empty_reason, notes
 
@@ -182,7 +189,7 @@ _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>body{{font-family:sans-serif;margin:1.5em;max-width:1500px;color:#222}}
 table{{border-collapse:collapse;margin:4px 0}} th,td{{border:1px solid #ccc;padding:2px 8px;text-align:left;
-font-size:13px;vertical-align:top;overflow-wrap:anywhere}} th{{background:#f2f2f2}}
+font-size:13px;vertical-align:top;overflow-wrap:break-word}} th{{background:#f2f2f2}}
 .headline{{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:24px;border:2px solid #444;
 padding:12px 18px;border-radius:6px;background:#fafafa}}
 .bad{{color:#b00020}} .good{{color:#1b7f3b}} .verdicts li{{margin:3px 0}} .num{{color:#555}}

@@ -60,26 +60,46 @@ def cause_sentence(diag) -> str:
         if diag.verdict == "stable":
             return "No cause: no pool grows, no slot is lost, and nothing holds SWA outside the window."
         return "No holder explains it: the growth is not attributed to any SWA holder (see the details)."
-    c = diag.causes[0]
-    s = CAUSE_SENTENCES.get(c["cause"], c["cause"].replace("_", " ") + ".")
+    first = diag.causes[0]
+    out = _one_cause(first)
+    nxt = _actionable(diag)
+    if nxt is not first:
+        out += " Its knob was already on in this recording" + (
+            f"; the next cause: {_one_cause(nxt)}" if nxt is not None else "; no other cause is listed.")
+    return out
+
+
+def _one_cause(c) -> str:
+    s = html.escape(CAUSE_SENTENCES.get(c["cause"], c["cause"].replace("_", " ") + "."))
     n = c["holders"]
     return (f"{s} <span class=\"num\">({n:,} holder{'s' if n != 1 else ''}, {c['slot_seconds']:,.0f} slot-s, "
             f"{100 * c['share_of_swa_capacity']:.1f}% of SWA capacity × span)</span>")
 
 
 def recommended_command(trace: str, diag) -> tuple[str | None, list[str]]:
-    """(``kvtrace replay ... --set ...`` line or None, sentences of recommendations without a knob)."""
+    """(``kvtrace replay ... --set ...`` line or None, sentences: recommendations without a knob,
+    and knobs already on in the recording, which are never recommended again)."""
     sets, env, texts = [], {}, []
     for r in diag.recommendations:
         sets += [s for s in r.get("sets", []) if s not in sets]
         env.update(r.get("env") or {})
-        if not r.get("sets"):
-            texts.append(f"{r['cause'].replace('_', ' ')}: {r['text']}")
+        cause = r["cause"].replace("_", " ")
+        if r.get("already_on"):
+            texts.append(f"{cause}: already on in this recording ({', '.join(r['already_on'])}), so not "
+                         "recommended again.")
+        if r.get("status", "no_knob" if not r.get("sets") and not r.get("env") else "") == "no_knob":
+            texts.append(f"{cause}: no knob (a bug, not a policy): {r['text']}")
     if not sets and not env:
         return None, texts
     cmd = " ".join([*(f"{k}={v}" for k, v in env.items()), "kvtrace replay", trace,
                     *(f"--set {s}" for s in sets), "--out RUN"])
     return cmd, texts
+
+
+def _actionable(diag):
+    """The first cause whose recommendation is not already on (the one the fix is for)."""
+    status = {r["cause"]: r.get("status") for r in diag.recommendations}
+    return next((c for c in diag.causes if status.get(c["cause"]) != "already_on"), None)
 
 
 def headline_html(trace_label: str, trace_path: str, diag, proof=None, proof_figure_html: str = "") -> str:

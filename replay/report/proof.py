@@ -120,7 +120,8 @@ def replayed_proof(trace, diagnosis, workdir, *, backend: str = "reference") -> 
     recs = diagnosis.recommendations
     fix_sets = list(dict.fromkeys(s for r in recs for s in r.get("sets", [])))
     fix_env = {k: v for r in recs for k, v in (r.get("env") or {}).items()}
-    base = recorded_sets(trace)
+    known = getattr(diagnosis, "recorded_knobs", None)
+    base = [f"{k}={v}" for k, v in known.items()] if known else recorded_sets(trace)
     growth = {p: g["verdict"] for p, g in diagnosis.growth.items()}
     for v in diagnosis.identity_violations:
         growth[v["pool"]] = "leak"
@@ -134,31 +135,53 @@ def replayed_proof(trace, diagnosis, workdir, *, backend: str = "reference") -> 
         notes.append(" ".join(f"{k}={v}" for k, v in fix_env.items()) + " is an SGLANG_* switch with no replay "
                      "knob; `kvtrace doctor --replay` sets it around real-sglang recordings.")
     rec, after = cols[0], cols[-1]
-    if not fix_sets:
-        cause = diagnosis.primary_cause
-        if rec.verdict in (None, "stable"):
-            conclusion = "Nothing to fix: the trace is stable; the replay of its requests is shown for reference."
-        elif control.verdict == "stable":
-            conclusion = (f"No knob addresses {cause or 'this'}: the fix is in the server's code. Replayed under the "
-                          f"recorded settings without that bug, the same requests are {control.verdict}: "
-                          f"the {rec.verdict} pool is the bug's doing, not the settings'.")
-        else:
-            conclusion = (f"No knob addresses {cause or 'this'}, and the replay under the recorded settings is "
-                          f"{control.verdict} as well: the settings reproduce it; see the causes below.")
-    else:
-        arrow = f"{rec.verdict} as recorded, {control.verdict} replayed as recorded, {after.verdict} with " \
-                f"{' '.join('--set ' + s for s in fix_sets)}"
+    cause = diagnosis.primary_cause
+    if not diagnosis.causes and rec.verdict in (None, "stable"):
+        conclusion = "Nothing to fix: the trace is stable; the replay of its requests is shown for reference."
+    elif fix_sets:
         gone = after.verdict == "stable" and rec.verdict != "stable"
-        conclusion = arrow + (": the problem disappears." if gone else
-                              ": the problem remains." if after.verdict not in (None, "stable") else ".")
+        conclusion = (f"{rec.verdict} as recorded, {control.verdict} replayed as recorded, {after.verdict} with "
+                      f"{' '.join('--set ' + s for s in fix_sets)}; {_deltas(control, after)}"
+                      + (": the problem disappears." if gone else
+                         ": the problem remains." if after.verdict not in (None, "stable") else "."))
+    elif fix_env:
+        conclusion = (f"The fix for {cause} is the switch {' '.join(f'{k}={v}' for k, v in fix_env.items())}, "
+                      f"which the {backend} backend has no knob for: the replay shows the recorded settings only "
+                      "(kvtrace doctor --replay replays it on real sglang with the switch set).")
+    elif control.verdict == "stable" and rec.verdict not in (None, "stable"):
+        conclusion = (f"No knob addresses {cause}: the fix is in the server's code. Replayed under the recorded "
+                      f"settings without that bug, the same requests are stable: the {rec.verdict} pool is the "
+                      "bug's doing, not the settings'.")
+    else:
+        conclusion = (f"No knob addresses {cause or 'what was found'}; the replay under the recorded settings is "
+                      f"{control.verdict} ({_deltas(rec, control)}).")
     return Proof(cols, backend, fix_sets, fix_env, conclusion, notes)
 
 
-def runs_proof(primary: ProofColumn | None, runs: list[Path], root: Path) -> Proof:
-    """The proof of a sweep: the primary trace (if any) beside each run of the sweep."""
+def _deltas(a: ProofColumn, b: ProofColumn) -> str:
+    """``mean SWA used 775 -> 310 slots (-60 %), ...`` between two columns."""
+    out = []
+    for key, name, unit in (("mean_swa_used", "mean SWA used", " slots"), ("peak_swa_used", "peak SWA used", " slots"),
+                            ("prefix_hit_ratio", "prefix-hit ratio", "")):
+        x, y = a.metrics.get(key), b.metrics.get(key)
+        if x is None or y is None:
+            continue
+        pct = f" ({100 * (y - x) / x:+.0f} %)" if x else ""
+        fmt = "{:,.0f}" if unit else "{:.3f}"
+        out.append(f"{name} {fmt.format(x)} → {fmt.format(y)}{unit}{pct}")
+    return ", ".join(out)
+
+
+def runs_proof(primary: ProofColumn | None, runs: list[Path], root: Path, known: dict | None = None) -> Proof:
+    """The proof of a sweep: the primary trace (if any) beside each run of the sweep; ``known``:
+    ``{run path: (verdict, {pool: verdict})}`` already computed."""
+    known = known or {}
     cols = [primary] if primary is not None else []
     for r in runs:
         label = str(r.relative_to(root)) if r != root else r.name
-        cols.append(trace_column(r, label=f"run {label}"))
-    verdicts = ", ".join(f"{c.label}: {c.verdict or 'n/a'}" for c in cols)
-    return Proof(cols, "runs", [], {}, f"Replayed runs of the sweep: {verdicts}.")
+        v, g = known.get(r, (None, None))
+        cols.append(trace_column(r, label=f"run {label}", verdict=v, growth=g))
+    first = cols[0]
+    parts = [f"{c.label}: {c.verdict or 'n/a'}" + (f" ({_deltas(first, c)} against {first.label})" if c is not first
+                                                    else "") for c in cols]
+    return Proof(cols, "runs", [], {}, "Verdicts: " + "; ".join(parts) + ".")
