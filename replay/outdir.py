@@ -1,8 +1,10 @@
 """One rule for output directories (``--out`` of record, launch, workload generate/import).
 
 A new output may go to a path that does not exist or is an empty directory. ``--force``
-replaces an existing one only when it is a kvtrace trace or workload (it holds a
-``manifest.json`` written by kvtrace); anything else is refused, never deleted.
+replaces an existing one only when it is a kvtrace trace, run or workload (it holds a
+``manifest.json`` written by kvtrace) or a sweep (``sweep.json``); anything else is refused,
+never deleted. Every command that writes an output directory takes ``--force`` (record, replay,
+sweep, compact --out, launch, workload generate/import/from-trace).
 """
 
 from __future__ import annotations
@@ -15,12 +17,19 @@ from replay.errors import KvtraceError
 
 
 def is_kvtrace_dir(path: Path) -> bool:
-    """``path`` holds a kvtrace trace or workload (a manifest whose producer is kvtrace)."""
+    """``path`` holds a kvtrace trace, run or workload (a manifest whose producer is kvtrace) or a
+    sweep (``sweep.json`` naming its source and policies, written by ``kvtrace sweep``)."""
     try:
         m = json.loads((Path(path) / "manifest.json").read_text())
     except (OSError, ValueError):
+        m = None
+    if isinstance(m, dict) and isinstance(m.get("producer"), dict) and m["producer"].get("name") == "kvtrace":
+        return True
+    try:
+        sw = json.loads((Path(path) / "sweep.json").read_text())
+    except (OSError, ValueError):
         return False
-    return isinstance(m, dict) and isinstance(m.get("producer"), dict) and m["producer"].get("name") == "kvtrace"
+    return isinstance(sw, dict) and "source" in sw and isinstance(sw.get("policies"), list)
 
 
 def check_new_dir(out: str | Path, option: str = "--out", force: bool = False, error=KvtraceError) -> bool:
@@ -42,7 +51,7 @@ def check_new_dir(out: str | Path, option: str = "--out", force: bool = False, e
         raise error(f"{option} {out}: a non-empty directory that is not a kvtrace trace or workload; "
                     "expected a new or empty directory (--force replaces only kvtrace directories)")
     if not force:
-        raise error(f"{option} {out}: already exists, a kvtrace trace or workload "
+        raise error(f"{option} {out}: already exists, a kvtrace directory "
                     "(use --force to replace it)")
     return True
 
