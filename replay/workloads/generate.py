@@ -81,12 +81,21 @@ def generate(options: GenerateOptions, config=None, progress: bool = False) -> t
         mean_req, span_p99 = unit_stats(shape, cfg)
     except ValueError as e:
         raise WorkloadError(f"shape {shape.name}: {e}") from None
+    if not (math.isfinite(mean_req) and mean_req > 0 and math.isfinite(span_p99)):
+        raise WorkloadError(f"shape {shape.name}: these parameters give {mean_req:.3g} requests per unit "
+                            f"and a unit span of {span_p99:.3g} s; expected a positive, finite mean and span")
     process = ArrivalProcess(
         options.arrival or shape.default_arrival,
         qps / mean_req,
         shape.default_cv if options.arrival_cv is None else float(options.arrival_cv),
     )
     warmup_s = span_p99 if options.warm_start else 0.0
+    span_s = warmup_s + options.num_requests / qps
+    if not span_s <= MAX_SPAN_S:
+        raise WorkloadError(f"shape {shape.name}: these parameters span about {span_s:.3g} s ({options.num_requests} "
+                            f"requests at {qps:.3g} requests/s after a {warmup_s:.3g} s warm start); expected at "
+                            f"most {MAX_SPAN_S:.3g} s (timestamps are int64 nanoseconds): raise --qps or pass "
+                            "--cold-start")
     planned = (warmup_s + options.num_requests / qps) * process.rate_per_s  # units the plan walks
     if planned > MAX_PLANNED_UNITS:
         raise WorkloadError(f"shape {shape.name}: these parameters would plan about {planned:.3g} units "
@@ -128,8 +137,8 @@ def validate_options(options: GenerateOptions) -> None:
     if options.qps is not None and not (math.isfinite(options.qps) and options.qps > 0):
         raise WorkloadError(f"--qps {options.qps}: expected a finite rate > 0 (requests per second)")
     if options.arrival_cv is not None and not (math.isfinite(options.arrival_cv)
-                                               and 0 < options.arrival_cv <= MAX_ARRIVAL_CV):
-        raise WorkloadError(f"--cv {options.arrival_cv}: expected a coefficient of variation in (0, "
+                                               and MIN_ARRIVAL_CV <= options.arrival_cv <= MAX_ARRIVAL_CV):
+        raise WorkloadError(f"--cv {options.arrival_cv}: expected a coefficient of variation in [{MIN_ARRIVAL_CV:g}, "
                             f"{MAX_ARRIVAL_CV:g}] (beyond it Gamma gaps underflow to zero and every "
                             "unit starts at the same instant)")
     if not isinstance(options.hash_block_tokens, int) or not 1 <= options.hash_block_tokens <= 1 << 20:
@@ -138,9 +147,14 @@ def validate_options(options: GenerateOptions) -> None:
 
 MAX_REQUESTS = 100_000_000
 MAX_PLANNED_UNITS = 5_000_000  # beyond this a plan would run for hours: refused up front
+MAX_SPAN_S = 1e8  # ~3 years of arrivals; int64 ns timestamps end at ~292 years
 # Gamma shape k = 1/cv**2: at cv 100 (k 1e-4) a gap is still a number; at cv 1e6 (k 1e-12) almost
 # every draw is 0.0 and the planner's clock would stand still.
 MAX_ARRIVAL_CV = 100.0
+MIN_ARRIVAL_CV = 1e-3  # below it 1/cv**2 overflows toward inf: use --arrival poisson or a small cv
+MAX_TOKEN_PARAMETER = 1 << 24  # *_tokens* shape parameters (16,777,216 tokens per segment or cap)
+MAX_STEPS_PARAMETER = 4096  # max_turns / max_steps / max_questions: requests per unit
+MAX_WORKLOAD_BLOCKS = 50_000_000  # page hashes one workload may hold (400 MB of uint64)
 
 
 def plan_unit_budget(planned_units: float, num_requests: int) -> int:
@@ -175,6 +189,10 @@ def validate_config(shape_name: str, cfg) -> None:
             raise WorkloadError(f"{shape_name}.{name}={v}: expected a value > 0")
         if name.startswith("num_") and v > MAX_COUNT_PARAMETER:
             raise WorkloadError(f"{shape_name}.{name}={v}: expected at most {MAX_COUNT_PARAMETER:,}")
+        if ("tokens" in name or name == "chunked_prefill_size") and v > MAX_TOKEN_PARAMETER:
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected at most {MAX_TOKEN_PARAMETER:,} tokens")
+        if name.startswith("max_") and "tokens" not in name and isinstance(v, int) and v > MAX_STEPS_PARAMETER:
+            raise WorkloadError(f"{shape_name}.{name}={v}: expected at most {MAX_STEPS_PARAMETER:,}")
         if isinstance(v, int) and v >= 2**31:
             raise WorkloadError(f"{shape_name}.{name}={v}: expected a value below 2**31")
     for name, v in values.items():
@@ -256,6 +274,10 @@ def _simulate(shape: Shape, cfg, process: ArrivalProcess, options: GenerateOptio
 def _materialize(units, arrivals: list[_Arrival], block: int, progress: bool) -> RequestColumns:
     """Turn planned arrivals into columns, with chained page hashes."""
     n = len(arrivals)
+    last_s = arrivals[-1].at_s if arrivals else 0.0
+    if not last_s * 1e9 < 2**63:  # a heavy-tailed draw far beyond the expected span
+        raise WorkloadError(f"the last planned arrival is at {last_s:.3g} s, beyond int64 nanosecond timestamps "
+                            "(~292 years): raise --qps or lower --cv")
     ts = np.array([round(a.at_s * 1e9) for a in arrivals], dtype=np.int64)
     session_of: dict[int, int] = {}
     session = np.array([session_of.setdefault(a.serial, len(session_of)) for a in arrivals], dtype=np.int64)
@@ -264,12 +286,20 @@ def _materialize(units, arrivals: list[_Arrival], block: int, progress: bool) ->
     output_len = np.empty(n, dtype=np.int32)
     max_new = np.empty(n, dtype=np.int32)
     keys = []
+    num_blocks = 0
     for i, a in enumerate(tqdm(arrivals, desc="page hashes", unit="req", disable=not progress, leave=False)):
         unit = units[a.serial]
         r = unit.requests[a.req]
         seg_keys = [unit.segment_key(j) for j in r.prompt]
         seg_tokens = [unit.seg_tokens[j] for j in r.prompt]
-        input_len[i] = sum(seg_tokens)
+        tokens = sum(seg_tokens)
+        num_blocks += tokens // block + 1
+        if tokens >= 2**31 or num_blocks > MAX_WORKLOAD_BLOCKS:
+            raise WorkloadError(f"request {i} has a {tokens:,}-token prompt ({num_blocks:,} hash blocks so far); "
+                                f"expected prompts below 2**31 tokens and at most {MAX_WORKLOAD_BLOCKS:,} blocks "
+                                "in all: lower the shape's token parameters or --requests, or raise "
+                                "--hash-block-tokens")
+        input_len[i] = tokens
         output_len[i] = r.output_len
         max_new[i] = r.max_new_tokens
         keys.append(segment_block_keys(seg_keys, seg_tokens, block))

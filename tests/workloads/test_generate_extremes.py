@@ -14,7 +14,7 @@ from dataclasses import fields
 import pytest
 
 from replay.workloads.errors import WorkloadError
-from replay.workloads.generate import MAX_ARRIVAL_CV, GenerateOptions, generate
+from replay.workloads.generate import MAX_ARRIVAL_CV, MIN_ARRIVAL_CV, GenerateOptions, generate
 from replay.workloads.shapes import SHAPES, make_config
 
 FLOAT_EXTREMES = ("0", "-0", "1e-300", "5e-324", "1", "1e12", "1e300", "inf", "-inf", "nan", "-1")
@@ -36,23 +36,23 @@ def _drive(options: GenerateOptions, config=None):
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("arrival", ["poisson", "gamma"])
 @pytest.mark.parametrize("cold", [False, True])
-@pytest.mark.parametrize("value", FLOAT_EXTREMES + ("100", "100.0001", "1e6"))
+@pytest.mark.parametrize("value", FLOAT_EXTREMES + ("0.001", "0.000999", "100", "100.0001", "1e6"))
 @pytest.mark.parametrize("opt", ["qps", "arrival_cv"])
 def test_rate_options_at_extremes(opt, value, cold, arrival):
     v = float(value)
     opts = GenerateOptions("multi_turn", N, seed=1, arrival=arrival, warm_start=not cold, **{opt: v})
     cols = _drive(opts)
-    if opt == "arrival_cv" and not (math.isfinite(v) and 0 < v <= MAX_ARRIVAL_CV):
+    if opt == "arrival_cv" and not (math.isfinite(v) and MIN_ARRIVAL_CV <= v <= MAX_ARRIVAL_CV):
         assert cols is None
     if opt == "qps" and not (math.isfinite(v) and v > 0):
         assert cols is None
 
 
 @pytest.mark.timeout(20)
-@pytest.mark.parametrize("value", ["1", "100", "10000", "100000000", "100000001"])
+@pytest.mark.parametrize("value", ["1", "100", "100000000", "100000001"])
 def test_request_count_at_extremes(value):
     n = int(value)
-    if n > 10_000:  # the large ones must be refused up front (or by the unit budget), not planned
+    if n > 1000:  # the large ones must be refused up front (or by the unit budget), not planned
         with pytest.raises(WorkloadError):
             generate(GenerateOptions("multi_turn", n, seed=1, qps=1e-9))
         return
@@ -84,5 +84,4 @@ def test_shape_parameter_at_extremes(shape, param, value):
         cfg = make_config(SHAPES[shape], {param: value})
     except WorkloadError:
         return  # unparsable as the field's type: refused
-    for cold in (False, True):
-        _drive(GenerateOptions(shape, N, seed=1, warm_start=not cold), cfg)
+    _drive(GenerateOptions(shape, N, seed=1), cfg)  # warm start: the longer plan

@@ -69,6 +69,8 @@ class UnitPlan:
 def lognormal_int(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int) -> int:
     """One integer draw from a log-normal with the given median, clipped to [lo, hi]."""
     x = rng.lognormal(math.log(max(median, 1e-9)), sigma) if sigma > 0 else median
+    if not math.isfinite(x):  # a huge sigma overflows the draw to inf (or 0 below)
+        return int(hi if x > 0 else lo)
     return int(min(max(round(x), lo), hi))
 
 
@@ -99,6 +101,8 @@ def geometric_turns(rng: np.random.Generator, mean: float, max_turns: int) -> in
 
 
 def geometric_mean_capped(mean: float, max_turns: int) -> float:
-    """Exact mean of ``geometric_turns(rng, mean, max_turns)``: (1 - (1 - p)**max) / p."""
+    """Exact mean of ``geometric_turns(rng, mean, max_turns)``: (1 - (1 - p)**max) / p, written
+    with ``log1p``/``expm1`` so that a tiny p (a huge mean) does not round ``1 - p`` to 1 (a
+    mean of 0 requests per unit)."""
     p = 1.0 / max(mean, 1.0)
-    return (1.0 - (1.0 - p) ** max_turns) / p
+    return -math.expm1(max_turns * math.log1p(-p)) / p if p < 1.0 else 1.0
