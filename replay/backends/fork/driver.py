@@ -179,3 +179,13 @@ def run_requests(requests: list[dict], *, kind: str = "dsv4", max_total_tokens: 
 
 
 __all__ = ["VOCAB", "run_requests", "synth_tokens"]
+
+
+def run_cases(cases: list[dict]) -> list[dict]:
+    """:func:`run_requests` for each ``{"requests": [...], **options}`` in one process (one import)."""
+    out = []
+    for case in cases:
+        case = dict(case)
+        summary = run_requests(case.pop("requests"), **case)
+        out.append(summary)
+    return out
