@@ -22,7 +22,7 @@ import pytest
 
 from tests.claims import scenarios as sc
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_lazy_host_free_stays_flat_as_host_pool_grows(tmp_path):

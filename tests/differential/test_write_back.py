@@ -12,7 +12,7 @@ import pytest
 
 from tests.differential.cases import CASES, write_case_workload
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
 _BY_NAME = {c.name: c for c in CASES}
 

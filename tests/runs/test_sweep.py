@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tests.runs.conftest import SMALL
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]  # sweeps of real-backend runs
 
 GRID = ["max_running_requests=2,4"]
 

@@ -28,7 +28,7 @@ from replay.backends.sglang.settings import SglangSettings
 
 from tests.sglang.backend_util import blocks, req, workload
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(900)]
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "workloads"
 BUNDLED = sorted(p.name for p in DATA.iterdir() if p.is_dir()) if DATA.is_dir() else []
