@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 
+import sys
+
 import click
+
+from replay.cli.text import force_out
 
 from replay.compact import compact_trace
 
 
 @click.command("compact")
 @click.argument("trace", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", type=click.Path(), default=None, help="New directory for the compacted copy (refused if it exists).")
+@click.option("--out", type=click.Path(), default=None,
+              help="New directory for the compacted copy (refused if it exists, unless --force).")
+@click.option("--force", is_flag=True, help="Replace --out if it holds a kvtrace trace or workload (nothing else).")
 @click.option("--in-place", is_flag=True, help="Compact TRACE itself (new files verified, then swapped in atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-def compact_cmd(trace: str, out: str | None, in_place: bool, as_json: bool, quiet: bool) -> None:
+@click.option("--quiet", is_flag=True, help="No progress bar (there is none when stderr is not a terminal).")
+def compact_cmd(trace: str, out: str | None, force: bool, in_place: bool, as_json: bool, quiet: bool) -> None:
     """Store TRACE's prompt chains as positions (schema 1.2): every repeated block a reference,
     new blocks a count, no hash values except each prompt's last (tip_hash).
 
@@ -25,7 +31,16 @@ def compact_cmd(trace: str, out: str | None, in_place: bool, as_json: bool, quie
     one whose blocks are shared across ranks is refused. A run directory compacts too (its
     summary.json and other families are kept).
     """
-    res = compact_trace(trace, out, in_place=in_place, progress=not quiet and not as_json)
+    if out is not None and force:
+        from pathlib import Path
+
+        if Path(out).resolve() == Path(trace).resolve():
+            from replay.errors import KvtraceError
+
+            raise KvtraceError(f"--out {out}: is TRACE itself; use --in-place to compact it in place")
+        force_out(out, force)
+    progress = not quiet and not as_json and sys.stderr.isatty()  # a bar only on a terminal
+    res = compact_trace(trace, out, in_place=in_place, progress=progress)
     if as_json:
         click.echo(json.dumps(res.to_dict(), indent=2))
         return

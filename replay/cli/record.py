@@ -6,6 +6,8 @@ import json
 
 import click
 
+from replay.cli.text import closing_log, force_out
+from replay.console import third_party_to_log
 from replay.errors import KvtraceError
 from replay.record import BACKENDS, record_workload, signals_as_interrupts
 
@@ -26,19 +28,28 @@ from replay.record import BACKENDS, record_workload, signals_as_interrupts
                    "e.g. lost_free, swa_mapping_race, lost_unlock, all_tombstone_leaf_insert.")
 @click.option("--incident-every", "incident_every", type=int, default=7, show_default=True,
               help="The planted bug fires on every N-th eligible call.")
+@click.option("--force", is_flag=True, help="Replace --out if it holds a kvtrace trace or workload (nothing else).")
+@click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal "
+                                              "(default: OUT/sglang.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (backend.json).")
 def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], detail: str,
-           check_every: int, incident: str, incident_every: int, as_json: bool) -> None:
+           check_every: int, incident: str, incident_every: int, force: bool, verbose: bool,
+           as_json: bool) -> None:
     """Run WORKLOAD through BACKEND (sglang: the real classes with the tracer hooks on; reference: the
-    reference model emitting the same rows); write the trace to OUT."""
+    reference model emitting the same rows); write the trace to OUT.
+
+    sglang's log lines and Python warnings go to OUT/sglang.log (named in the last line).
+    """
     if incident:
         from replay.backends.sglang.incidents import check_incident
 
         problem = check_incident(incident, incident_every, overrides)
         if problem:
             raise KvtraceError(f"--incident {incident}: {problem}")
+    force_out(out, force)
+    log = None
     try:
-        with signals_as_interrupts():  # SIGTERM stops the recorder cleanly, like SIGINT
+        with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:
             summary = record_workload(workload, out, backend=backend, overrides=overrides, detail=detail,
                                       progress=not as_json, check_integrity_every=check_every,
                                       incident=incident, incident_every=incident_every)
@@ -47,11 +58,11 @@ def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], de
     except ValueError as e:  # a setting the backend refused
         raise KvtraceError(str(e)) from None
     if as_json:
-        click.echo(json.dumps(summary, default=str))
+        click.echo(json.dumps(dict(summary, log=str(log.path) if log.path else None), default=str))
         return
     r = summary["result"]
     click.echo(f"recorded {out}: {r['num_finished']} finished, {r['num_aborted']} aborted, "
                f"{r['num_retractions']} retractions, {r['num_steps']} steps "
-               f"({r['num_prefill_steps']} prefill, {r['num_decode_steps']} decode)")
+               f"({r['num_prefill_steps']} prefill, {r['num_decode_steps']} decode){closing_log(log)}")
     if summary["hook_failures"]:
         click.echo(f"hook failures: {summary['hook_failures']}", err=True)

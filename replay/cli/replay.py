@@ -6,6 +6,9 @@ import json
 
 import click
 
+from replay.cli.text import closing_log, force_out
+from replay.console import third_party_to_log
+
 
 @click.command("replay")
 @click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
@@ -20,26 +23,35 @@ import click
 @click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts", show_default=True,
               help="Capture level of the run's trace: steps (request, step and stats rows), counts, pages (counts plus page ids).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True, help="Replace --out if it holds a kvtrace run or trace (nothing else).")
+@click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal "
+                                              "(default: OUT/sglang.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json as one JSON object.")
 def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backend: str, detail: str,
-               quiet: bool, as_json: bool) -> None:
+               quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
     """Replay the requests of TRACE_OR_WORKLOAD under a policy; write the run to OUT.
 
     A run is a trace written by the hooks on the real code plus summary.json (occupancy, hits,
     TTFT, host allocator CPU, ...); `kvtrace compare` and every analysis read it.
     """
-    from replay.runs import replay_run
+    import time
 
     from replay.record import signals_as_interrupts
+    from replay.runs import replay_run
 
-    with signals_as_interrupts():  # SIGTERM stops the recorder cleanly, like SIGINT
+    t0 = time.perf_counter()  # the command's wall time: start-up (imports, sglang) included
+    force_out(out, force)
+    with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:
         s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
                        progress=not (quiet or as_json))
+    total_s = time.perf_counter() - t0
     if as_json:
-        click.echo(json.dumps(s.to_dict(), default=str))
+        click.echo(json.dumps(dict(s.to_dict(), command_wall_s=round(total_s, 3),
+                                   log=str(log.path) if log.path else None), default=str))
         return
     click.echo(f"run {out}: policy {policy}, {s.finished}/{s.requests} finished, {s.retractions} retractions, "
-               f"{s.sim_s:,.1f} s simulated in {s.wall_s:,.1f} s ({s.sim_s_per_wall_s:,.1f}x)")
+               f"{s.sim_s:,.1f} s simulated in {s.wall_s:,.1f} s of replay ({s.sim_s_per_wall_s:,.1f}x); "
+               f"{total_s:,.1f} s wall in all, start-up included")
     click.echo(f"  peak swa {s.peak_swa_used:,}  mean swa {s.mean_swa_used:,.0f}  "
                f"swa slope {s.swa_used_slope_tokens_per_hour:,.0f} tok/h  peak full {s.peak_full_used:,}")
     click.echo(f"  prefix hit {s.prefix_hit_ratio:.3f}  host hit {s.host_hit_ratio:.3f}  "
@@ -48,3 +60,5 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
                f"sched cpu {s.sched_cpu_ns / 1e9:,.2f} s")
     if s.assumed:
         click.echo(f"  assumed (not in the source's manifest): {', '.join(s.assumed)}")
+    if log.path:
+        click.echo(f"  {closing_log(log).lstrip('; ')}")

@@ -6,6 +6,9 @@ import json
 
 import click
 
+from replay.cli.text import force_out
+from replay.console import third_party_to_log
+
 
 @click.command("sweep")
 @click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
@@ -20,28 +23,37 @@ import click
               help="local: a process per run; ray: Ray tasks (RAY_ADDRESS or a local Ray).")
 @click.option("--backend", default="sglang", show_default=True, type=click.Choice(["sglang", "reference"]))
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True,
+              help="Start over: remove --out first if it holds a kvtrace sweep, run or trace (nothing else).")
+@click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the runs and their status).")
 def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str, ...], out: str, jobs: int,
-              executor: str, backend: str, quiet: bool, as_json: bool) -> None:
+              executor: str, backend: str, quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
     """Replay TRACE_OR_WORKLOAD under every policy x grid point, each run in its own process.
 
     Layout: OUT/policy=<p>/<knob>=<v>/ (one run each) and OUT/summary.parquet (one row per run).
     A failed run is reported and does not stop the others; the exit status is then 1.
+    Re-running into OUT resumes (completed runs are kept); --force starts over. Each run's
+    output (sglang's log lines, warnings) is in OUT/.partial/<run>.log, the sweep's own in
+    OUT/sglang.log.
     """
     from replay.runs.sweep import sweep
 
     from replay.record import signals_as_interrupts
 
-    with signals_as_interrupts():  # SIGTERM stops the workers and keeps what is complete, like SIGINT
+    force_out(out, force, check=False)
+    with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:  # SIGTERM: like SIGINT
         df = sweep(source, out, policies=policies.split(","), grid=grid, sets=sets, jobs=jobs,
                    executor=executor, backend=backend, progress=not (quiet or as_json))
     failed = df.filter(df["status"] != "ok")
     if as_json:
         click.echo(json.dumps({"out": out, "runs": df.select("run", "status", "error").to_dicts(),
-                               "failed": failed.height}, default=str))
+                               "failed": failed.height, "log": str(log.path) if log.path else None,
+                               "run_logs": f"{out}/.partial/<run>.log"}, default=str))
     else:
         click.echo(f"sweep {out}: {df.height - failed.height}/{df.height} runs complete "
-                   f"(summary.parquet); compare with: kvtrace compare {out}")
+                   f"(summary.parquet); compare with: kvtrace compare {out}; sglang's logs: "
+                   f"{out}/.partial/<run>.log" + (f" and {log.path}" if log.path else ""))
         for row in failed.iter_rows(named=True):
             click.echo(f"failed {row['run']}: {row['error']}", err=True)
     if failed.height:

@@ -8,17 +8,13 @@ from dataclasses import fields
 
 import click
 
-from replay.workloads.errors import WorkloadError
-
 _PROGRESS = sys.stderr.isatty()
 
 
 def _run(fn, *args, **kwargs):
-    """Call ``fn``; a WorkloadError becomes a one-line ``Error:`` and exit status 1."""
-    try:
-        return fn(*args, **kwargs)
-    except WorkloadError as e:
-        raise click.ClickException(str(e)) from None
+    """Call ``fn``; a WorkloadError (a KvtraceError) reaches the one top-level handler of
+    :mod:`replay.cli`: ``kvtrace: error: ...`` and exit status 2, like every command."""
+    return fn(*args, **kwargs)
 
 
 @click.group("workload")

@@ -55,6 +55,7 @@ def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False)
     With nothing to change (no recommendation beyond the recorded settings and no planted bug)
     nothing is run; the summary says so."""
     from replay.backends.sglang import write_workload
+    from replay.console import third_party_to_log
     from replay.diagnosis.doctor import doctor
     from replay.diagnosis.make_incidents import sglang_switches
     from replay.record import record_workload
@@ -67,7 +68,8 @@ def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False)
         out.update(runs={}, growth_disappears=False,
                    summary="nothing replayed: no recommendation beyond the recorded settings")
         return out
-    with tempfile.TemporaryDirectory() as tmp:
+    log = None
+    with tempfile.TemporaryDirectory() as tmp, third_party_to_log(None, verbose=verbose) as log:
         w = write_workload(Path(tmp) / "w", workload_rows(tr), hash_block_tokens=int(tr.manifest.get("hash_block_tokens") or 16))
         runs = {}
         for name, run_sets, inc, run_env in (("recorded", sets, incident, env),
@@ -83,6 +85,7 @@ def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False)
                           "identity_violations": sum(v["rows"] for v in d.identity_violations),
                           "causes": [c["cause"] for c in d.causes]}
     out["runs"] = runs
+    out["log"] = str(log.path) if log is not None and log.path else None
     before, after = runs["recorded"], runs["recommended"]
     gone = (before["verdict"] != "stable" and after["verdict"] == "stable") or (
         report.primary_cause is not None and report.primary_cause not in after["causes"])
@@ -90,5 +93,6 @@ def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False)
     change = " ".join([f"--set {s}" for s in fix] + [f"{k}={v}" for k, v in fix_env.items()])
     out["summary"] = (f"recorded: {_said(before)}; recommended "
                       f"{change or '(the planted bug left out)'}: {_said(after)}; "
-                      + ("the problem disappears" if gone else "the problem remains"))
+                      + ("the problem disappears" if gone else "the problem remains")
+                      + (f"; sglang's log: {out['log']}" if out["log"] else ""))
     return out

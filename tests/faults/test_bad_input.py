@@ -162,7 +162,7 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, 
     monkeypatch.setattr("replay.cli.inspect.summarize", boom)
     res = _invoke("inspect", tmp_path)
     assert res.exit_code == 3
-    assert "kvtrace: error: unexpected ZeroDivisionError: planted (run with --debug for the traceback)" in res.output
+    assert "kvtrace: error: unexpected ZeroDivisionError: planted (run `kvtrace --debug ...` for the traceback)" in res.output
     res = _invoke("--debug", "inspect", tmp_path)
     assert isinstance(res.exception, ZeroDivisionError)
 

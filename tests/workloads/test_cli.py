@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from replay.cli.workload import workload
+from replay.cli import main
 
 KVTRACE = shutil.which("kvtrace") or str(Path(sys.executable).parent / "kvtrace")
 REQUIRED = ["requests", "sessions", "arrival_rate_per_s", "input_len_p50", "input_len_p99",
@@ -36,7 +36,8 @@ def test_done_when_generate_then_stats_json(tmp_path):
 
 
 def _invoke(*args):
-    return CliRunner().invoke(workload, list(map(str, args)), catch_exceptions=False)
+    """``kvtrace workload ARGS`` through the real entry point (its one error handler)."""
+    return CliRunner().invoke(main, ["workload", *map(str, args)], catch_exceptions=False)
 
 
 def test_import_export_stats_commands(tmp_path, fixture_path):
@@ -52,18 +53,21 @@ def test_import_export_stats_commands(tmp_path, fixture_path):
     assert json.loads(r.output)["requests"] == 6
 
 
-def test_errors_are_one_line_with_exit_status_1(tmp_path, fixture_path):
+def test_errors_are_one_line_with_exit_status_2(tmp_path, fixture_path):
+    """The one convention of every command: refused input is ``kvtrace: error: ...``, exit 2."""
     src = fixture_path("mooncake_bad_field.jsonl")
     r = _invoke("import", "mooncake", src, "--out", tmp_path / "W")
-    assert r.exit_code == 1
-    assert r.output.strip() == f"Error: {src}:3: field 'input_length': expected an integer, got \"abc\""
+    assert r.exit_code == 2
+    assert r.output.strip() == f"kvtrace: error: {src}:3: field 'input_length': expected an integer, got \"abc\""
     assert not (tmp_path / "W").exists()
     r = _invoke("generate", "--shape", "nope", "--out", tmp_path / "X")
-    assert r.exit_code == 1 and "known shapes: multi_turn" in r.output
+    assert r.exit_code == 2 and "known shapes: multi_turn" in r.output
+    r = _invoke("generate", "--shape", "multi-turn", "--out", tmp_path / "X")
+    assert r.exit_code == 2 and "(did you mean 'multi_turn'?)" in r.output
     r = _invoke("generate", "--shape", "multi_turn", "--set", "bogus", "--out", tmp_path / "X")
-    assert r.exit_code == 2 and "expected KEY=VALUE" in r.output
+    assert r.exit_code == 2 and "expected KEY=VALUE" in r.output and "kvtrace: error:" in r.output
     r = _invoke("stats", tmp_path / "nothing")
-    assert r.exit_code == 1 and "not a directory" in r.output
+    assert r.exit_code == 2 and "not a directory" in r.output and "kvtrace: error:" in r.output
 
 
 def test_generate_with_overrides_and_force(tmp_path):
@@ -73,7 +77,7 @@ def test_generate_with_overrides_and_force(tmp_path):
     m = json.loads((tmp_path / "W" / "manifest.json").read_text())
     assert m["hash_block_tokens"] == 64 and m["workload"]["parameters"]["num_prefixes"] == 2
     assert m["workload"]["qps"] == 2.0
-    assert _invoke(*args).exit_code == 1  # exists
+    assert _invoke(*args).exit_code == 2  # exists: refused
     assert _invoke(*args, "--force").exit_code == 0
 
 
