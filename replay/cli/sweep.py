@@ -52,7 +52,7 @@ def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str
                                "run_logs": f"{out}/.partial/<run>.log"}, default=str))
     else:
         click.echo(f"sweep {out}: {df.height - failed.height}/{df.height} runs complete "
-                   f"(summary.parquet); compare with: kvtrace compare {out}; sglang's logs: "
+                   f"(summary.parquet); compare with: kvtrace compare {out}; run logs (sglang, warnings): "
                    f"{out}/.partial/<run>.log" + (f" and {log.path}" if log.path else ""))
         for row in failed.iter_rows(named=True):
             click.echo(f"failed {row['run']}: {row['error']}", err=True)

@@ -1,5 +1,12 @@
 """``compare``: runs side by side, policies as rows, the summary figures as columns, and each
-figure's change against a base policy (at the same grid point)."""
+figure's change against a base policy (at the same grid point).
+
+Signed figures (:data:`SIGNED`: slopes, which are negative when occupancy falls) get absolute
+deltas only: a percentage of a signed base says nothing (-80,034 -> 241,723 tokens/h is not
+"+402 %"), so their ``<figure>_delta_pct`` is null and the table shows ``(+321,757)``.
+:func:`format_table` fits a width (``COLUMNS`` or the terminal's): policies as rows when that
+fits, else figures as rows and runs as columns, in blocks of runs that fit.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,10 @@ FIGURES = ("requests", "finished", "peak_full_used", "peak_swa_used", "mean_swa_
            "swa_used_slope_tokens_per_hour", "prefix_hit_ratio", "host_hit_ratio", "ttft_p50_ms",
            "ttft_p99_ms", "queue_p99_ms", "throughput_tokens_per_s", "retractions", "swa_evicted_tokens",
            "host_alloc_cpu_ns", "host_free_cpu_ns", "sched_cpu_ns", "sim_s", "wall_s")
+
+
+#: figures that can be negative: deltas are absolute (no percentage)
+SIGNED = frozenset({"swa_used_slope_tokens_per_hour"})
 
 
 class RunsNotFound(RunError, FileNotFoundError):
@@ -80,6 +91,9 @@ def compare(path, *, base: str | None = None):
     for f in FIGURES:
         b = pl.col(f"{f}__base")
         deltas.append((pl.col(f) - b).alias(f"{f}_delta"))
+        if f in SIGNED:
+            deltas.append(pl.lit(None, dtype=pl.Float64).alias(f"{f}_delta_pct"))
+            continue
         deltas.append(pl.when(b != 0).then((pl.col(f) - b) / b.abs() * 100).otherwise(None)
                       .round(2).alias(f"{f}_delta_pct"))
     out = joined.with_columns(deltas).drop([f"{f}__base" for f in FIGURES])
@@ -98,28 +112,61 @@ def _grid_of(run: Path, root: Path | None) -> dict:
     return {k: v for k, _, v in (part.partition("=") for part in rel.parts[1:]) if v}
 
 
-def format_table(df, *, figures=None, base: str | None = None) -> str:
-    """A plain-text table (policies as rows; each figure with its delta % against the base)."""
-    figures = figures or ("finished", "peak_swa_used", "mean_swa_used", "swa_used_slope_tokens_per_hour",
-                          "prefix_hit_ratio", "host_hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "queue_p99_ms",
-                          "throughput_tokens_per_s", "retractions", "swa_evicted_tokens", "host_free_cpu_ns",
-                          "sched_cpu_ns")
+TABLE_FIGURES = ("finished", "peak_swa_used", "mean_swa_used", "swa_used_slope_tokens_per_hour",
+                 "prefix_hit_ratio", "host_hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "queue_p99_ms",
+                 "throughput_tokens_per_s", "retractions", "swa_evicted_tokens", "host_free_cpu_ns",
+                 "sched_cpu_ns")
+
+
+def _cell(row: dict, f: str) -> str:
+    v, pct, d = row[f], row.get(f"{f}_delta_pct"), row.get(f"{f}_delta")
+    text = _num(v)
+    if f in SIGNED:
+        if d is not None and d != 0:
+            text += f" ({'+' if d > 0 else '-'}{_num(abs(d))})"
+    elif pct is not None and pct != 0:
+        text += f" ({pct:+.1f}%)"
+    return text
+
+
+def _grid(rows: list[list[str]], right_from: int = 1) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    fmt = lambda cells: "  ".join(c.rjust(w) if i >= right_from else c.ljust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]]
+
+
+def format_table(df, *, figures=None, base: str | None = None, width: int | None = None) -> str:
+    """A plain-text table of :func:`compare`'s frame, each figure with its change against the
+    base (``%``; signed figures: the absolute change), at most ``width`` characters wide
+    (default: ``COLUMNS`` or the terminal's width).
+
+    Policies are rows when that fits; otherwise figures are rows and runs columns (labelled by
+    policy and grid point), in as many blocks of runs as the width needs."""
+    import shutil
+
+    figures = figures or TABLE_FIGURES
+    width = width or shutil.get_terminal_size((100, 24)).columns
     keys = [c for c in df.columns if c not in ("run", "policy") and c not in FIGURES
             and not c.endswith(("_delta", "_delta_pct"))]
-    header = ["policy"] + keys + list(figures)
-    lines = []
-    for row in df.iter_rows(named=True):
-        cells = [row["policy"]] + [str(row[k]) for k in keys]
-        for f in figures:
-            v, pct = row[f], row.get(f"{f}_delta_pct")
-            text = _num(v)
-            if pct is not None and pct != 0:
-                text += f" ({pct:+.1f}%)"
-            cells.append(text)
-        lines.append(cells)
-    widths = [max(len(h), *(len(r[i]) for r in lines)) for i, h in enumerate(header)]
-    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in lines])
+    rows = list(df.iter_rows(named=True))
+    wide = _grid([["policy"] + keys + list(figures)]
+                 + [[r["policy"]] + [str(r[k]) for k in keys] + [_cell(r, f) for f in figures] for r in rows],
+                 right_from=1 + len(keys))
+    if max(map(len, wide)) <= width:
+        return "\n".join(wide)
+    labels = [" ".join([r["policy"]] + [f"{k}={r[k]}" for k in keys]) for r in rows]
+    cols = [[labels[i]] + [_cell(r, f) for f in figures] for i, r in enumerate(rows)]
+    names = ["figure"] + list(figures)
+    blocks, start = [], 0
+    while start < len(cols):
+        end = start + 1
+        while end < len(cols) and max(map(len, _grid([[n] + [c[i] for c in cols[start:end + 1]]
+                                                       for i, n in enumerate(names)]))) <= width:
+            end += 1
+        blocks.append("\n".join(_grid([[n] + [c[i] for c in cols[start:end]] for i, n in enumerate(names)])))
+        start = end
+    return "\n\n".join(blocks)
 
 
 def _num(v) -> str:
@@ -128,4 +175,4 @@ def _num(v) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-__all__ = ["FIGURES", "RunsNotFound", "compare", "find_runs", "format_table"]
+__all__ = ["FIGURES", "SIGNED", "TABLE_FIGURES", "RunsNotFound", "compare", "find_runs", "format_table"]

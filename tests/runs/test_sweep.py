@@ -91,7 +91,7 @@ def test_compare_deltas_against_base(swept):
                            / "summary.json").read_text())
         assert row["peak_swa_used_delta"] == row["peak_swa_used"] - base["peak_swa_used"]
         assert row["prefix_hit_ratio_delta"] == pytest.approx(row["prefix_hit_ratio"] - base["prefix_hit_ratio"])
-    text = format_table(df)
+    text = format_table(df, width=1000)  # wide enough for policies as rows
     assert text.splitlines()[0].startswith("policy") and "swa-fixes" in text
     other = compare(out, base="swa-fixes")
     assert other["policy"][0] == "swa-fixes"
