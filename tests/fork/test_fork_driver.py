@@ -84,3 +84,22 @@ def test_scheduler_prefills_chunks_decodes_finishes_and_flushes_whole(fork_run, 
     assert s["min_available"]["full"] < s["initial"]["full"]
     assert s["flushed"] and s["after_flush"] == s["initial"], (commit, case, s["after_flush"])
     assert s["sent"].get("BatchTokenIDOutput", 0) >= 40
+
+
+@pytest.mark.timeout(600)
+def test_a_kvtrace_workload_runs_to_completion_under_swa_pressure(fork_codes):
+    """300 multi_turn requests (cut to 1024 input / 32 new tokens) on the DSV4 stack at post659."""
+    from replay.backends.fork.workload import requests_from_workload
+    from replay.codes import call_in_code
+    from tests.fork.conftest import ROOT
+
+    reqs = requests_from_workload(ROOT / "data" / "workloads" / "multi_turn", max_requests=300,
+                                  max_input_tokens=1024, max_new_tokens=32, step_ns=20_000_000)
+    assert len({r["rid"] for r in reqs}) == 300
+    s = call_in_code(fork_codes["post659"], "replay.backends.fork.driver:run_requests",
+                     {"requests": reqs, "kind": "dsv4", "max_running_requests": 32, "sample_every_steps": 50},
+                     timeout_s=540).result
+    assert s["num_finished"] == 300
+    assert s["cached_tokens"] > 0 and s["chunked_steps"] > 0
+    assert s["min_available"]["swa"] < s["initial"]["swa"] // 4  # the SWA pool ran under pressure
+    assert s["after_flush"] == s["initial"] == {"full": 16384, "swa": 1536}

@@ -125,6 +125,8 @@ def run_requests(requests: list[dict], *, kind: str = "dsv4", max_total_tokens: 
     build_s = time.perf_counter() - t0
 
     pending = sorted(requests, key=lambda r: int(r.get("arrival_step", 0)))
+    if len({str(r["rid"]) for r in pending}) != len(pending):
+        raise ValueError("run_requests: request rids must be unique")
     reqs: dict = {}
     finished: dict = {}
     counts = Counter()

@@ -29,7 +29,9 @@ def requests_from_workload(path: str | os.PathLike, *, max_requests: int | None 
     c = w.columns
     block = int(w.hash_block_tokens)
     n = c.num_requests if max_requests is None else min(max_requests, c.num_requests)
-    rids = c.rid_str if c.rid_str is not None else [str(r) for r in c.rids()]
+    rids = [str(r) for r in c.rids()]
+    if c.rid_str is not None and len(set(c.rid_str[:n])) == n and all(c.rid_str[:n]):
+        rids = list(c.rid_str)
     t0 = int(c.ts_ns[0]) if n else 0
     out = []
     for i in range(n):
