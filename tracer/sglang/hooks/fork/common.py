@@ -33,13 +33,13 @@ P_SWA = ("(req, pre_len, *, sliding_window_size, page_size, req_to_token_pool, "
 CONTRACTS = contracts(
     MOD,
     dict(hook="cache.release", cls=None, method="release_kv_cache", params=P_RELEASE,
-         reads=("Req.kv_allocated_len", "Req.cache_protected_len"),
+         reads=("sglang.srt.managers.schedule_batch:Req.kv_allocated_len", "sglang.srt.managers.schedule_batch:Req.cache_protected_len"),
          pools=("full", "swa")),
     dict(hook="request.finish", cls=None, method="release_kv_cache", params=P_RELEASE,
-         reads=("Req.finished_reason", "Req.output_ids"), levels=("steps", "counts", "pages")),
+         reads=("sglang.srt.managers.schedule_batch:Req.finished_reason", "sglang.srt.managers.schedule_batch:Req.output_ids"), levels=("steps", "counts", "pages")),
     dict(hook="cache.swa_release", cls=None,
          method="free_swa_out_of_window_slots", params=P_SWA,
-         reads=("Req.swa_evicted_seqlen",), optional=True, pools=("swa",)),
+         reads=("sglang.srt.managers.schedule_batch:Req.swa_evicted_seqlen",), optional=True, pools=("swa",)),
 )
 
 

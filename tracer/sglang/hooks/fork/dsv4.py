@@ -1,6 +1,7 @@
 """The DeepSeek-V4 layout a replay needs, read from the fork's live objects and written into
-this rank's entry (``ranks/rank=<r>.json``, key ``dsv4``) once per scheduler (not a hook: called
-by ``fork/scheduler.py`` at the first boundary of a scheduler).
+this rank's entry (``ranks/rank=<r>.json``, key ``dsv4``) when the SWA allocator is built and
+again at a scheduler's first boundary, with the tree's window (not a hook: called by
+``fork/swa_memory_pool.py`` and ``fork/scheduler.py``).
 
 ``facts(tree, alloc)`` returns (None when the pools are not DSV4's ``DeepSeekV4TokenToKVPool``):
 

@@ -14,9 +14,12 @@ them at ``free_group_end`` through its ``free``; a group that released something
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import tracer
 from tracer.sglang.hooks.allocator_common import (FULL, GROUP_BEGIN, GROUP_END, SWA, Types, emit,
                                                  tag_swa)
+from tracer.sglang.hooks.fork import dsv4
 from tracer.sglang.hooks.fork._contract import contracts
 from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import state
@@ -40,6 +43,7 @@ def _swa_init(self) -> None:
     tag_swa(self)
     state.registry.allocator = self
     state.touch("allocator")
+    dsv4.note(SimpleNamespace(tree_cache=None, token_to_kv_pool_allocator=self))
 
 
 def _make_group_end(orig):
