@@ -50,6 +50,11 @@ _MARKED = frozenset({"pool", "cache"})  # ts filled at flush from clock marks (c
 _CLOCK_ROWS = frozenset({"sched", "stats"})  # struct rows that carry their own clock reading
 
 
+# Callables returning extra rank-file keys, asked when each recording starts (the sglang hooks
+# add their ``coverage``; a provider may later update ``Recorder.info`` itself).
+RANK_INFO_PROVIDERS: list = []
+
+
 @dataclass(frozen=True, slots=True)
 class RecorderOptions:
     """Recorder settings (saved in ``ranks/rank=<r>.json`` and the manifest's ``options``)."""
@@ -131,6 +136,11 @@ class Recorder:
         self.anchor_ns = int(self.manifest["clock"]["monotonic_ns"])
         self.info = {"pid": self.pid, "ppid": os.getppid(), "host": socket.gethostname(),
                      "started_unix_ns": time.time_ns(), "options": asdict(self.opts), "state": "recording"}
+        for provider in list(RANK_INFO_PROVIDERS):  # e.g. the sglang hooks' coverage
+            try:
+                self.info.update(provider() or {})
+            except Exception as e:
+                log.error("kvtrace: rank info provider %r failed: %s", provider, e)
         self.rank = _manifest.claim_rank(self.dir, rank, self.info)
         # Held while recording: ``kvtrace recover`` refuses a rank whose lock is taken.
         self._lock_fd = _manifest.hold_rank_lock(self.dir, self.rank)
@@ -774,6 +784,8 @@ class Recorder:
 
     def _write_info(self, state: str, lost: int = 0) -> None:
         """Write the rank file's end state (one of ``tracer.schema.manifest.END_STATES``)."""
+        if state == "complete":  # a clean end of a partial or uncovered capture says so
+            state = _manifest.coverage_end_state(self.info.get("coverage"))
         info = dict(self.info, state=state, stopped_unix_ns=time.time_ns(),
                     events=dict(self.events_written), dropped=self.drops.total, lost=lost,
                     issued=peek_count(self.seq) - 1, error=self.failed)

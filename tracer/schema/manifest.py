@@ -18,7 +18,11 @@ from tracer.schema.hashing import PAGE_HASH_NAME
 
 RANKS_DIR = "ranks"
 # How a rank's recording ended (``state`` in its rank file; DESIGN §3). "recording" while it runs.
-END_STATES = ("complete", "interrupted", "crashed", "recovered")
+# ``partial`` / ``uncovered``: ended cleanly, but the hooks covered only part of the code / none
+# of it (the rank file's ``coverage``); never ``complete``.
+END_STATES = ("complete", "interrupted", "crashed", "recovered", "partial", "uncovered")
+# A trace is fully covered only in this state (``kvtrace inspect --strict``).
+COVERED_STATES = ("complete",)
 _LEGACY_STATES = {"stopped": "complete", "failed": "crashed"}
 
 
@@ -103,6 +107,8 @@ _FIELD_TYPES = {
     "options": (lambda v: isinstance(v, dict), "an object"),
     "workload": (lambda v: isinstance(v, dict), "an object"),
     "launch": (lambda v: isinstance(v, dict), "an object"),
+    "uncovered": (lambda v: isinstance(v, list) and all(isinstance(e, dict) for e in v),
+                  "a list of objects {pid, target, reason, ...}"),
 }
 
 
@@ -271,6 +277,32 @@ def rank_is_live(trace_dir: str | os.PathLike, rank: int, info: dict | None) -> 
     except (PermissionError, ValueError, TypeError, OverflowError):
         return True
     return True
+
+
+def coverage_end_state(coverage: dict | None) -> str:
+    """The end state of a clean stop given a rank's ``coverage`` (None: not sglang hooks):
+    ``complete``, ``partial`` or ``uncovered``."""
+    if not isinstance(coverage, dict):
+        return "complete"
+    state = coverage.get("trace_state")
+    return state if state in ("complete", "partial", "uncovered") else "partial"
+
+
+def uncovered_processes(manifest: dict) -> list:
+    """The manifest's ``uncovered`` entries: processes that found no covered target and
+    recorded nothing (``kvtrace launch`` without ``--partial``)."""
+    u = manifest.get("uncovered") if isinstance(manifest, dict) else None
+    return list(u) if isinstance(u, list) else []
+
+
+def note_uncovered(trace_dir: str | os.PathLike, entry: dict) -> None:
+    """Add one process's ``uncovered`` entry to the manifest (under its lock; one per pid)."""
+
+    def add(m: dict) -> None:
+        got = [e for e in uncovered_processes(m) if e.get("pid") != entry.get("pid")]
+        m["uncovered"] = got + [entry]
+
+    update_manifest(trace_dir, add)
 
 
 def end_state(info: dict | None, live: bool) -> str:

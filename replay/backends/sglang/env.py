@@ -2,10 +2,10 @@
 
 One call, :func:`bootstrap`, does everything (idempotent, thread-safe):
 
-1. **Version check.** The installed sglang distribution must be one of
-   :data:`SUPPORTED_SGLANG_VERSIONS`; otherwise :class:`UnsupportedSglangVersion` names the
-   installed and supported versions. The check reads package metadata, so it runs *before*
-   ``import sglang`` (which would itself need the stubs).
+1. **Code check.** The importable sglang must be the ``sglang-0.5.23`` target, recognized from
+   its source files (``tracer.sglang.targets``: fingerprint, else names and signatures), never
+   from the version string; otherwise :class:`UnsupportedSglangVersion` says what was found.
+   The check reads files only, so it runs *before* ``import sglang`` (which needs the stubs).
 2. **Import stubs** for ``triton`` and ``torchvision`` (and all their submodules), installed
    only when the real package is absent. sglang imports both at module level, but on CPU no
    Triton kernel and no torchvision transform ever runs (``supports_triton`` is False, so the
@@ -36,7 +36,8 @@ import threading
 import types
 from dataclasses import dataclass, field
 
-from tracer.sglang.versions import SUPPORTED_SGLANG_VERSIONS, UnsupportedSglang, check_version
+from tracer.sglang.versions import (SUPPORTED_SGLANG_VERSIONS, UnsupportedSglang, check_target,
+                                    check_version)
 
 
 #: Packages stubbed when absent: name -> version string the stub reports.
@@ -267,17 +268,25 @@ def installed_sglang_version() -> str:
 
 
 def check_sglang_version(version: str | None = None) -> str:
-    """Refuse sglang versions other than :data:`SUPPORTED_SGLANG_VERSIONS`.
+    """Refuse sglang code that is not the ``sglang-0.5.23`` target (recognized from its code,
+    ``tracer.sglang.targets``: a ``0.5.23.post1`` or ``+local`` build of it replays).
 
     Args:
-        version: version to check; default the installed one.
+        version: None: check the importable code; a string: check that version string's release.
     Returns:
-        the checked version.
+        the installed version string (or the one passed).
     Raises:
-        UnsupportedSglangVersion: naming the installed and the supported versions.
+        SglangNotInstalled: no sglang importable.
+        UnsupportedSglangVersion: naming what was found and what is supported.
     """
-    version = installed_sglang_version() if version is None else version
-    return check_version(version, what="kvtrace's real-code backend")
+    if version is not None:
+        return check_version(version, what="kvtrace's real-code backend")
+    from tracer.sglang.targets import source
+
+    if source.sglang_root() is None:
+        installed_sglang_version()  # raises SglangNotInstalled, with the install line
+    d = check_target(what="kvtrace's real-code backend", targets=("sglang-0.5.23",))
+    return d.sglang_version or SUPPORTED_SGLANG_VERSIONS[-1]
 
 
 def _noop(*args, **kwargs) -> None:

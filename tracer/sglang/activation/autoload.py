@@ -17,16 +17,23 @@ How it works:
    tp_size + tp_rank`` from sglang's parallel context when known and free, else the lowest free
    rank.
 
+Coverage: the code is recognized as a target (``tracer.sglang.targets``) at the first watched
+module. Code that is no known target, or whose hooks do not cover it fully when the recording
+would start, records nothing: one line on stderr, the process noted in the manifest's
+``uncovered`` list, and the trace's state is ``uncovered``. ``KVTRACE_PARTIAL=1`` records what the
+matching hooks cover instead (state ``partial``). Each rank file holds the ``coverage``.
+
 Environment: ``KVTRACE_DIR`` (trace directory; required), ``KVTRACE_DETAIL`` (``steps`` |
 ``counts`` | ``pages``), ``KVTRACE_FLUSH_MS`` (default 1000), ``KVTRACE_HASH_BLOCK_TOKENS`` (default 16),
 ``KVTRACE_IDLE_SAMPLE_MS`` (default 1000), ``KVTRACE_AUTOLOAD=0`` (disarm without unsetting
-``KVTRACE_DIR``).
+``KVTRACE_DIR``), ``KVTRACE_PARTIAL=1`` (record partial coverage).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -43,9 +50,9 @@ from tracer.sglang.activation.launch import (  # noqa: F401  (re-exported: kvtra
     uninstall_pth,
     write_launch_shim,
 )
+from tracer.sglang import targets
 from tracer.sglang.runtime import requests, state
 from tracer.sglang.runtime.state import S
-from tracer.sglang.versions import UnsupportedSglang
 
 log = logging.getLogger("kvtrace.sglang")
 
@@ -60,22 +67,60 @@ def enabled() -> bool:
 def on_module_loaded(name: str) -> None:
     """Watcher callback: install the hooks for the sglang modules loaded so far.
 
-    Never raises (errors are logged once); a wrong sglang version disarms the autoload.
+    Never raises (errors are logged once); code that is no known target (without
+    ``KVTRACE_PARTIAL``) or a bad ``KVTRACE_DETAIL`` disarms the autoload, said on stderr.
     """
     if not enabled() or _status["disabled"]:
         return
     with _lock:
         try:
+            partial = hooks.partial_requested()
             if _status["installed"] == 0:
-                hooks.check_version()
                 state.resolve_detail(None)  # a wrong KVTRACE_DETAIL disarms, named in the log
-            _status["installed"] += hooks.install(check=False, lazy=True)
+                det = targets.detect()
+                if det.target is None and not partial:
+                    _refuse(det.reason, det.as_dict())
+                    return
+            _status["installed"] += hooks.install(check=False, lazy=True, partial=partial)
+            cov = hooks.coverage()
+            if not partial and cov is not None and cov["state"] == "none" \
+                    and cov.get("target") is not None and not any(
+                        h["state"] == "unused" for h in cov["hooks"].values()):
+                _refuse(f"{cov['target']}: no hook of this target is installed yet", cov)
+                return
             S.starter = start_recording
-        except (UnsupportedSglang, ValueError) as e:
+        except ValueError as e:
             _status["disabled"] = str(e)
             log.error("kvtrace: %s; hooks not installed", e)
         except Exception as e:
             state.note_failure("autoload.install", e)
+
+
+def _refuse(reason: str, info: dict) -> None:
+    """Record nothing in this process: one line on stderr, an ``uncovered`` manifest entry, the
+    hooks removed, the autoload disarmed."""
+    _status["disabled"] = reason
+    sys.stderr.write(f"kvtrace: NOT RECORDING (pid {os.getpid()}): {reason}. The trace "
+                     f"{os.environ.get('KVTRACE_DIR')} is `uncovered`; `kvtrace hooks check` "
+                     "shows each hook; `kvtrace launch --partial` (KVTRACE_PARTIAL=1) records "
+                     "what the matching hooks cover.\n")
+    sys.stderr.flush()
+    try:
+        hooks.uninstall()
+    except Exception as e:
+        state.note_failure("autoload.uninstall", e)
+    from tracer.schema import manifest
+
+    entry = {k: info.get(k) for k in ("target", "sglang_version", "sglang_root", "fingerprint",
+                                      "fingerprint_known", "state", "level")}
+    entry.update(pid=os.getpid(), argv=list(sys.argv[:4]), reason=reason,
+                 hooks={n: h.get("state") for n, h in (info.get("hooks") or {}).items()})
+    try:
+        d = os.environ["KVTRACE_DIR"]
+        manifest.create_or_join(d, manifest.new_manifest(source="sglang-hooks"))
+        manifest.note_uncovered(d, entry)
+    except Exception as e:
+        log.error("kvtrace: could not note the uncovered process in the manifest: %s", e)
 
 
 def _rank_guess():
@@ -101,10 +146,22 @@ def _rank_guess():
 
 def start_recording(reason: str) -> None:
     """Start the recorder in this process (called on the first real sglang object)."""
-    if tracer.is_active() or not enabled():
+    if tracer.is_active() or not enabled() or _status["disabled"]:
         return
     with _lock:
-        if tracer.is_active():
+        if tracer.is_active() or _status["disabled"]:
+            return
+        partial = hooks.partial_requested()
+        try:  # wrap what an import cycle left for later, then judge the coverage
+            _status["installed"] += hooks.install(check=False, lazy=True, partial=partial)
+        except Exception as e:
+            state.note_failure("autoload.install", e)
+        cov = hooks.coverage()
+        if cov is not None and cov["state"] != "full" and not partial:
+            bad = [f"{n} {h['state']}" for n, h in cov["hooks"].items()
+                   if h["state"] in ("absent", "mismatch")]
+            _refuse(f"{cov.get('target') or 'no known target'}: coverage {cov['state']} "
+                    f"({', '.join(bad[:4])}{'...' if len(bad) > 4 else ''})", cov)
             return
         # The drain process serializes out of the server's interpreter (no GIL handoff to a
         # flusher thread while the scheduler steps; docs/tracer.md "Drain"); KVTRACE_FLUSHER=thread

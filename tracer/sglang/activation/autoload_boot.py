@@ -23,6 +23,11 @@ WATCHED = frozenset((
     "sglang.srt.mem_cache.prefill_budget",
     "sglang.srt.mem_cache.unified_cache.component_type",
     "sglang.srt.mem_cache.unified_radix_cache",
+    # the DeepSeek-V4 fork's layout (tracer.sglang.targets: bytedance-dsv4-*)
+    "sglang.srt.mem_cache.allocator",
+    "sglang.srt.mem_cache.swa_memory_pool",
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+    "sglang.srt.mem_cache.unified_cache_components",
 ))
 
 

@@ -53,6 +53,7 @@ from tracer.sglang.patching import _subclasses, exact, target
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP, S
 from tracer.sglang.wrappers import after_init, run_measured, timed_before
+from tracer.sglang.targets.contract import Contract
 
 # Methods of the leaf allocators (and their base) that may change occupancy, by kind.
 LEAF_METHODS: dict[str, str] = {
@@ -71,6 +72,23 @@ LEAF_METHODS: dict[str, str] = {
 }
 # On the paged leaf class itself: the funnel every free passes through, allocations, clears.
 PAGED_METHODS = ("alloc", "alloc_extend", "_release_page_ids", "clear", "resize")
+
+
+_TOKEN, _PAGED = "sglang.srt.mem_cache.allocator.token", "sglang.srt.mem_cache.allocator.paged"
+_TOKEN_READS, _PAGED_READS = ("free_pages", "release_pages"), ("free_pages", "num_staged_pages",
+                                                                "page_size")
+# What these hooks need of the code (tracer.sglang.targets; checked at install, docs/capture.md).
+CONTRACTS: tuple[Contract, ...] = tuple(
+    Contract("pool.device", mod, cls, name, reads=reads)
+    for mod, cls, reads, names in (
+        (_TOKEN, "TokenToKVPoolAllocator", _TOKEN_READS, ("__init__", "alloc", "free", "clear")),
+        (_PAGED, "PagedTokenToKVPoolAllocator", _PAGED_READS,
+         ("__init__", "alloc", "alloc_extend", "_release_page_ids", "clear")))
+    for name in names
+) + (
+    Contract("pool.device", _PAGED, "PagedTokenToKVPoolAllocator", "merge_and_sort_free",
+             optional=True),
+) + allocator_swa.CONTRACTS
 
 
 def _requested_slots(name: str, args, kwargs) -> int:

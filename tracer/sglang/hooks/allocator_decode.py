@@ -17,6 +17,15 @@ from tracer.sglang.hooks.allocator_common import (ALLOC, FREE, FULL, SWA, Ledger
 from tracer.sglang.hooks.page_ids import ids_numpy
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import S
+from tracer.sglang.targets.contract import Contract
+
+
+# Installed by ``schedule_batch`` (the wrapper of ``prepare_for_decode`` calls ``measure_decode``).
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("pool.device_decode", "sglang.srt.managers.schedule_batch", "ScheduleBatch",
+             "prepare_for_decode", params="(self)",
+             reads=("token_to_kv_pool_allocator", "out_cache_loc")),
+)
 
 
 def _leaves(a) -> tuple:

@@ -19,6 +19,16 @@ from tracer.sglang.patching import exact_only
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP
 from tracer.sglang.wrappers import after_init
+from tracer.sglang.targets.contract import Contract
+
+
+_SWA = "sglang.srt.mem_cache.allocator.swa"
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("pool.swa_leaves", _SWA, "SWATokenToKVPoolAllocator", "__init__",
+             reads=("full_attn_allocator", "swa_attn_allocator")),
+    Contract("pool.swa_leaves", _SWA, "SWATokenToKVPoolAllocator", "free_group_end",
+             params="(self)"),
+)
 
 
 def _swa_init(self) -> None:

@@ -20,6 +20,7 @@ from tracer.sglang.hooks.unified_radix_cache import cache_row
 from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import requests, state
 from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.targets.contract import LEVELS, Contract
 
 SWA_RELEASE, RELEASE = int(CacheOp.SWA_RELEASE), int(CacheOp.RELEASE)
 
@@ -92,6 +93,18 @@ _SWA_RELEASE_PARAMS = (
     "(req, pre_len, *, sliding_window_size, page_size, req_to_token_pool, "
     "token_to_kv_pool_allocator, supports_prefix_sharing=True, retain_floor=None, "
     "component_type=<ComponentType.SWA: 1>, free_segment=None, eviction_interval=1)")
+_COMMON = "sglang.srt.mem_cache.common"
+_KV = "sglang.srt.managers.schedule_batch:ReqKvInfo."
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("request.finish", _COMMON, None, "release_kv_cache",
+             params="(req, tree_cache, *, checkpoint)", levels=LEVELS),
+    Contract("cache.release", _COMMON, None, "release_kv_cache",
+             params="(req, tree_cache, *, checkpoint)",
+             reads=(_KV + "kv_allocated_len", _KV + "cache_protected_len")),
+    Contract("cache.swa_release", _COMMON, None, "free_swa_out_of_window_slots",
+             params=_SWA_RELEASE_PARAMS, reads=(_KV + "component_evicted_seqlens",
+                                                _KV + "get_evicted_seqlen")),
+)
 
 
 def _make_free_swa_out_of_window():

@@ -14,9 +14,17 @@ from tracer.sglang.patching import target
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP, S
 from tracer.sglang.wrappers import run_measured
+from tracer.sglang.targets.contract import LEVELS, Contract
 ALLOC, FREE, ALLOC_FAIL, CLEAR = (int(PoolOp.ALLOC), int(PoolOp.FREE), int(PoolOp.ALLOC_FAIL),
                                   int(PoolOp.CLEAR))
 REQ = int(Pool.REQ_TO_TOKEN)
+
+
+_MP = "sglang.srt.mem_cache.memory_pool"
+CONTRACTS: tuple[Contract, ...] = tuple(
+    Contract("pool.req_to_token", _MP, "ReqToTokenPool", name, reads=("free_slots",), levels=lv)
+    for name, lv in (("alloc", LEVELS), ("free", LEVELS), ("clear", LEVELS),
+                     ("alloc_rows", ("counts", "pages")), ("free_rows", ("counts", "pages"))))
 
 
 def _make_req_pool(name: str):

@@ -26,9 +26,25 @@ from tracer.sglang.patching import target
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP, S
 from tracer.sglang.wrappers import after_call, after_init, run_measured, timed_before
+from tracer.sglang.targets.contract import LEVELS, Contract
+
 HOST_FULL, HOST_SWA = int(Pool.HOST_FULL), int(Pool.HOST_SWA)
 ALLOC, FREE, ALLOC_FAIL = int(PoolOp.ALLOC), int(PoolOp.FREE), int(PoolOp.ALLOC_FAIL)
 MERGE, CLEAR = int(PoolOp.MERGE), int(PoolOp.CLEAR)
+
+
+_HB, _GRP = "sglang.srt.mem_cache.pool_host.base", "sglang.srt.mem_cache.pool_host.group"
+_MPH = "sglang.srt.mem_cache.memory_pool_host"
+CONTRACTS: tuple[Contract, ...] = tuple(
+    Contract("pool.host", mod, cls, name, reads=("lock",) if name != "__init__" else (),
+             levels=LEVELS if name == "__init__" else ("counts", "pages"))
+    for mod, cls in ((_HB, "HostKVCache"), (_MPH, "LogicalHostPool"))
+    for name in ("__init__", "alloc", "free", "clear", "_merge_release_slots")
+) + (
+    Contract("pool.host_group", _GRP, "HostPoolGroup", "__init__", reads=("entries",),
+             levels=LEVELS),
+    Contract("pool.host_group", _GRP, "HostPoolGroup", "add_entry", levels=LEVELS),
+)
 
 
 def _page_size(p) -> int:

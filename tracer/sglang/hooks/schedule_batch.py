@@ -16,14 +16,27 @@ from __future__ import annotations
 
 import tracer
 from tracer.schema import Mode, SchedKind
+from tracer.sglang.hooks import allocator_decode
 from tracer.sglang.hooks.allocator_decode import measure_decode
 from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import requests, sampler, state
 from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.targets.contract import LEVELS, Contract
 from tracer.sglang.wrappers import after_init
 
 IDLE, PREFILL, DECODE = int(Mode.IDLE), int(Mode.PREFILL), int(Mode.DECODE)
 RETRACT = int(SchedKind.RETRACT)
+
+_SB = "sglang.srt.managers.schedule_batch"
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("request.arrival", _SB, "Req", "__init__", levels=LEVELS),
+    Contract("sched.batch", _SB, "ScheduleBatch", "prepare_for_extend", params="(self)",
+             reads=("reqs", "extend_num_tokens"), levels=LEVELS),
+    Contract("sched.batch", _SB, "ScheduleBatch", "prepare_for_decode", params="(self)",
+             reads=("reqs",), levels=LEVELS),
+    Contract("sched.retract", _SB, None, "release_req",
+             reads=(_SB + ":ReqKvInfo.kv_allocated_len", _SB + ":ReqKvInfo.cache_protected_len")),
+) + allocator_decode.CONTRACTS
 
 
 def _arrival(req) -> None:

@@ -28,10 +28,28 @@ from tracer.schema import SchedKind, Verdict
 from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.targets.contract import Contract
 
 ADMIT = int(SchedKind.ADMIT)
 V_ADMITTED, V_CHUNKED, V_SHRUNK = int(Verdict.ADMITTED), int(Verdict.CHUNKED), int(Verdict.SHRUNK)
 V_NO_TOKEN, V_SWA_WAIT, V_OTHER = int(Verdict.NO_TOKEN), int(Verdict.SWA_WAIT), int(Verdict.OTHER)
+
+_SP, _PB = "sglang.srt.managers.schedule_policy", "sglang.srt.mem_cache.prefill_budget"
+_REQ = "sglang.srt.managers.schedule_batch:Req."
+_ADDER_READS = ("can_run_list", "memory_budget", "rem_total_tokens", _REQ + "prefix_len",
+                _REQ + "full_untruncated_fill_ids", _REQ + "extend_end")
+_CHECK_PARAMS = ("(self, *, extend_input_len, total_tokens, max_new_tokens, input_tokens, "
+                 "swa_host_hit_length, chunk_limit, auxiliary_swa_host_hit_length=0)")
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("sched.admission", _SP, "PrefillAdder", "add_one_req",
+             params="(self, req, has_chunked_req, truncation_align_size)", reads=_ADDER_READS),
+    Contract("sched.admission", _SP, "PrefillAdder", "add_chunked_req", params="(self, req)"),
+    Contract("sched.admission", _SP, "PrefillAdder", "_commit_prefill_admission",
+             params="(self, req, admission, mamba_gap_reserve)"),
+    Contract("sched.budget", _PB, "PrefillBudget", "check_prefill", params=_CHECK_PARAMS,
+             reads=("remaining_total",)),
+)
+
 
 class _Check:
     """The last budget check inside the admission in progress (values read lazily, only for
@@ -70,9 +88,6 @@ def _make_check_prefill():
 
     return make
 
-
-_CHECK_PARAMS = ("(self, *, extend_input_len, total_tokens, max_new_tokens, input_tokens, "
-                 "swa_host_hit_length, chunk_limit, auxiliary_swa_host_hit_length=0)")
 
 
 def _swa_needed(budget, kw) -> int:

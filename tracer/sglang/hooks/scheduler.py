@@ -21,9 +21,22 @@ from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import sampler, state
 from tracer.sglang.runtime.sampler import IDLE
 from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.targets.contract import LEVELS, Contract
 from tracer.sglang.wrappers import before_init
 
 _registry = state.registry
+
+_PSO, _SCHED = ("sglang.srt.managers.scheduler_components.pool_stats_observer",
+                "sglang.srt.managers.scheduler")
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("stats.observer", _PSO, "SchedulerPoolStatsObserver", "get_pool_stats",
+             params="(self)", reads=(_PSO + ":kv_private_swa_tokens", _PSO + ":ComponentType.SWA",
+                                     "tree_cache", "token_to_kv_pool_allocator"), levels=LEVELS),
+    Contract("sched.step", _SCHED, "Scheduler", "get_next_batch_to_run",
+             params="(self, running_batch, last_batch)",
+             reads=("forward_ct", "tree_cache", "token_to_kv_pool_allocator"), levels=LEVELS),
+    Contract("sched.scheduler", _SCHED, "Scheduler", "__init__", levels=LEVELS),
+)
 
 
 def adopt(tree, alloc) -> None:

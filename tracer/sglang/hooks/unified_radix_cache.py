@@ -25,6 +25,27 @@ from tracer.sglang.patching import exact_only, target
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP, S
 from tracer.sglang.wrappers import after_init, timed
+from tracer.sglang.targets.contract import LEVELS, Contract
+
+_URC = "sglang.srt.mem_cache.unified_radix_cache"
+_CT = "sglang.srt.mem_cache.unified_cache.component_type:ComponentType"
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("cache.tree", _URC, "UnifiedRadixCache", "__init__",
+             reads=("token_to_kv_pool_allocator",), levels=LEVELS),
+    Contract("cache.match", _URC, "UnifiedRadixCache", "match_prefix", params="(self, params)",
+             reads=(_CT + ".FULL", _CT + ".SWA")),
+    Contract("cache.insert", _URC, "UnifiedRadixCache", "insert", params="(self, params)"),
+    Contract("cache.insert", _URC, "UnifiedRadixCache", "checkpoint",
+             params="(self, req, *, up_to, **kwargs)"),
+    Contract("cache.evict", _URC, "UnifiedRadixCache", "_evict", params=(
+        "(self, params, available_size_targets=None, *, allocation_reclaim_satisfied=None)")),
+    Contract("cache.evict", _URC, "UnifiedRadixCache", "_accumulate_tracker",
+             params="(self, tracker, delta)"),
+    Contract("cache.load_back", _URC, "UnifiedRadixCache", "init_load_back"),
+    Contract("cache.backup", _URC, "UnifiedRadixCache", "_execute_kv_backup",
+             params="(self, node_id, device_value, comp_xfers, sidecar_xfers)"),
+    Contract("cache.host_evict", _URC, "UnifiedRadixCache", "evict_host"),
+) + unified_radix_cache_locks.CONTRACTS
 
 MATCH, INSERT, EVICT = int(CacheOp.MATCH), int(CacheOp.INSERT), int(CacheOp.EVICT)
 LOAD_BACK, BACKUP, HOST_EVICT = int(CacheOp.LOAD_BACK), int(CacheOp.BACKUP), int(CacheOp.HOST_EVICT)

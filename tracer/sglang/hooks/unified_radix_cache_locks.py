@@ -16,8 +16,20 @@ from tracer.schema import CacheOp
 from tracer.sglang.patching import exact_only
 from tracer.sglang.runtime import state
 from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.targets.contract import Contract
 
 LOCK, UNLOCK = int(CacheOp.LOCK), int(CacheOp.UNLOCK)
+
+_URC = "sglang.srt.mem_cache.unified_radix_cache"
+_READS = ("full_protected_size", "swa_protected_size", "is_swa_enabled")
+CONTRACTS: tuple[Contract, ...] = (
+    Contract("cache.lock", _URC, "UnifiedRadixCache", "lock",
+             params="(self, node_id, skip_lock_components=())", reads=_READS),
+    Contract("cache.lock", _URC, "UnifiedRadixCache", "unlock", params="(self, lock)"),
+    Contract("cache.lock", _URC, "UnifiedRadixCache", "release_swa", params="(self, lock)"),
+    Contract("cache.lock", _URC, "UnifiedRadixCache", "_finish_write_through_ack",
+             params="(self, ack_id)"),
+)
 
 
 def _protected(tree) -> tuple[int, int]:
