@@ -32,13 +32,7 @@ def compact_cmd(trace: str, out: str | None, force: bool, in_place: bool, as_jso
     summary.json and other families are kept).
     """
     if out is not None and force:
-        from pathlib import Path
-
-        if Path(out).resolve() == Path(trace).resolve():
-            from replay.errors import KvtraceError
-
-            raise KvtraceError(f"--out {out}: is TRACE itself; use --in-place to compact it in place")
-        force_out(out, force)
+        force_out(out, force, inputs=(trace,))  # --out TRACE --force is refused: --in-place does that
     progress = not quiet and not as_json and sys.stderr.isatty()  # a bar only on a terminal
     res = compact_trace(trace, out, in_place=in_place, progress=progress)
     if as_json:

@@ -46,7 +46,7 @@ def record(workload: str, backend: str, out: str, overrides: tuple[str, ...], de
         problem = check_incident(incident, incident_every, overrides)
         if problem:
             raise KvtraceError(f"--incident {incident}: {problem}")
-    force_out(out, force)
+    force_out(out, force, inputs=(workload,))
     log = None
     try:
         with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:

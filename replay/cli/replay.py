@@ -40,7 +40,7 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
     from replay.runs import replay_run
 
     t0 = time.perf_counter()  # the command's wall time: start-up (imports, sglang) included
-    force_out(out, force)
+    force_out(out, force, inputs=(source,))
     with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:
         s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
                        progress=not (quiet or as_json))

@@ -41,7 +41,7 @@ def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str
 
     from replay.record import signals_as_interrupts
 
-    force_out(out, force, check=False)
+    force_out(out, force, check=False, inputs=(source,))
     with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:  # SIGTERM: like SIGINT
         df = sweep(source, out, policies=policies.split(","), grid=grid, sets=sets, jobs=jobs,
                    executor=executor, backend=backend, progress=not (quiet or as_json))

@@ -45,14 +45,24 @@ def closing_log(capture) -> str:
     return f"; sglang's log: {path}" if path else ""
 
 
-def force_out(out, force: bool, *, check: bool = True) -> None:
+def force_out(out, force: bool, *, check: bool = True, inputs=()) -> None:
     """``--out`` of a command that writes a directory (``replay.outdir``'s rule): with ``force``
     remove ``out`` when it is a kvtrace directory (a trace, run, workload or sweep; anything else
     is refused, never deleted); without it refuse an existing non-empty ``out`` naming --force
-    (``check=False``: leave that to the command, e.g. a sweep resumes in its directory)."""
+    (``check=False``: leave that to the command, e.g. a sweep resumes in its directory).
+    ``inputs``: the command's input paths; an ``out`` that is one of them or holds one is refused."""
     import shutil
+    from pathlib import Path
 
+    from replay.errors import KvtraceError
     from replay.outdir import check_new_dir
+
+    o = Path(out).resolve()
+    for src in inputs:
+        s = Path(src).resolve()
+        if s == o or o in s.parents:
+            raise KvtraceError(f"--out {out}: is or holds the input {src}; expected a new directory "
+                               "(--force never replaces what the command reads)")
 
     if force or check:
         if check_new_dir(out, "--out", force=force):

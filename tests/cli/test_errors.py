@@ -96,3 +96,11 @@ def test_force_replaces_only_kvtrace_directories(tmp_path):
     res = _cli("record", "--workload", WL, "--out", other, "--backend", "reference", "--force")
     assert res.exit_code == 2 and "not a kvtrace trace or workload" in res.output
     assert (other / "notes.txt").read_text() == "mine"
+    # --force never deletes the input: --out equal to (or above) the workload or trace is refused
+    for argv in (["record", "--workload", kv, "--out", kv, "--backend", "reference", "--force"],
+                 ["replay", kv, "--out", tmp_path, "--backend", "reference", "--force"],
+                 ["sweep", kv, "--policies", "baseline", "--out", kv, "--force"],
+                 ["compact", kv, "--out", kv, "--force"]):
+        res = _cli(*argv)
+        assert res.exit_code == 2 and "is or holds the input" in res.output, (argv, res.output)
+        assert (kv / "manifest.json").is_file()
