@@ -11,11 +11,15 @@ from tracer.schema import FAMILIES
 from tracer.schema import manifest as _manifest
 
 # Order used to pick the state shown for a whole trace: the worst of its ranks.
-_STATE_ORDER = ("complete", "recovered", "interrupted", "recording", "crashed", "unknown")
+# ``partial``: the hooks covered part of the code; ``uncovered``: none of it (rank files'
+# ``coverage``, the manifest's ``uncovered``; docs/capture.md "Coverage").
+_STATE_ORDER = ("complete", "partial", "recovered", "interrupted", "recording", "crashed",
+                "uncovered", "unknown")
 
 
 def rank_states(trace) -> dict[int, str]:
-    """How each rank ended: complete | interrupted | crashed | recovered | recording | unknown."""
+    """How each rank ended: complete | partial | uncovered | interrupted | crashed | recovered |
+    recording | unknown."""
     from replay.trace_checks import rank_info
 
     out = {}
@@ -25,7 +29,25 @@ def rank_states(trace) -> dict[int, str]:
     return out
 
 
-def trace_state(states: dict[int, str], has_rank_files: bool) -> str:
+def rank_coverage(trace) -> dict[int, dict]:
+    """Each rank file's ``coverage`` (the sglang hooks': target, fingerprint, hook states...)."""
+    from replay.trace_checks import rank_info
+
+    out = {}
+    for r in trace.ranks:
+        info, _ = rank_info(trace, r)
+        cov = (info or {}).get("coverage")
+        if isinstance(cov, dict):
+            out[r] = cov
+    return out
+
+
+def trace_state(states: dict[int, str], has_rank_files: bool, uncovered: list | None = None) -> str:
+    """The worst rank state; ``uncovered`` when some process recorded nothing for lack of
+    coverage (the manifest's ``uncovered``) and no rank is worse."""
+    if uncovered:
+        states = dict(states, uncovered="uncovered")
+        has_rank_files = True
     if not has_rank_files:
         return "complete"  # a workload or an imported trace: written whole, atomically
     if not states:
@@ -59,6 +81,11 @@ def summarize(path: str | Path, strict: bool = False) -> dict:
     events = sum(families.values())
     states = rank_states(tr)
     has_rank_files = (Path(path) / _manifest.RANKS_DIR).is_dir()
+    uncovered = _manifest.uncovered_processes(tr.manifest)
+    if not has_rank_files and isinstance(tr.manifest.get("launch"), dict) and not uncovered:
+        # a launched server none of whose processes recorded: never an empty "complete"
+        uncovered = [{"pid": tr.manifest["launch"].get("pid"), "argv": [],
+                      "reason": "no server process recorded (no hooks installed or run)"}]
     problems = tr.check() if strict else tr.problems
     return {
         "path": str(Path(path)),
@@ -67,7 +94,9 @@ def summarize(path: str | Path, strict: bool = False) -> dict:
         "server": tr.manifest.get("server", {}),
         "hash_block_tokens": tr.manifest.get("hash_block_tokens"),
         "chain_storage": tr.manifest.get("chain_storage") or "hashes",  # positions: `kvtrace compact`
-        "state": trace_state(states, has_rank_files),
+        "state": trace_state(states, has_rank_files, uncovered),
+        "coverage": {str(r): c for r, c in rank_coverage(tr).items()},
+        "uncovered": uncovered,
         "rank_states": {str(r): s for r, s in states.items()} if has_rank_files else {},
         "families": families,
         "ranks": tr.ranks,
@@ -88,4 +117,4 @@ def mb_per_rank_hour(num_bytes: int, num_ranks: int, span_ns: int) -> float | No
     return round(num_bytes / 1e6 / max(num_ranks, 1) / (span_ns / 3.6e12), 3)
 
 
-__all__ = ["summarize", "rank_states", "trace_state", "mb_per_rank_hour"]
+__all__ = ["summarize", "rank_states", "rank_coverage", "trace_state", "mb_per_rank_hour"]

@@ -106,7 +106,8 @@ def recover(path: str | Path, *, force: bool = False) -> RecoveryReport:
     lost, marked = {}, []
     for r in ranks:
         state = _manifest.end_state(infos[r], r in live)
-        if r not in touched and state in ("complete", "recovered", "unknown", "interrupted"):
+        if r not in touched and state in ("complete", "partial", "uncovered", "recovered", "unknown",
+                                           "interrupted"):
             continue
         try:
             lost[r] = _count_losses(root, r, infos[r], torn)

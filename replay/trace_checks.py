@@ -108,10 +108,11 @@ def check_ranks_accounting(trace) -> list:
                 for f in FAMILIES}
         if info is not None:
             state = _manifest.end_state(info, _manifest.rank_is_live(trace.path, rank, info))
-            if state != "complete":
+            if state not in ("complete", "partial"):  # partial: kvtrace inspect shows its coverage
                 why = {"recording": "is still recording", "crashed": "crashed (its process died or "
                        "its writes failed" + (f": {info.get('error')}" if info.get("error") else "") + ")",
                        "interrupted": "was interrupted (SIGINT/SIGTERM)",
+                       "uncovered": "was not covered by the hooks (no hook installed; its coverage)",
                        "recovered": f"was recovered after it ended {info.get('recovered_from', '?')}"}
                 out.append(Problem("state", rfile, (f"rank {rank} {why.get(state, f'ended {state!r}')}; "
                                                     "expected state complete")))

@@ -48,9 +48,12 @@ def _check_command(cmd: list[str]) -> None:
 @click.option("--hash-block-tokens", type=int, default=16, show_default=True,
               help="Tokens per prompt page hash in the request family (0: no hashes).")
 @click.option("--force", is_flag=True, help="Replace --out if it already holds a trace.")
+@click.option("--partial", is_flag=True,
+              help="On code that is no known target or not fully covered, record what the "
+                   "matching hooks cover (trace state partial) instead of nothing (uncovered).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force: bool,
-           command: tuple[str, ...]) -> None:
+           partial: bool, command: tuple[str, ...]) -> None:
     """Run a server COMMAND with the kvtrace sglang hooks on, recording into --out.
 
     \b
@@ -58,7 +61,9 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
         --model-path M --page-size 64 --swa-full-tokens-ratio 0.1
 
     Every Python process of the server that builds real KV pools (the scheduler of each TP/DP
-    rank) records its own rank partition. Signals are forwarded; the exit code is the server's.
+    rank) records its own rank partition. Signals are forwarded; the exit code is the server's,
+    or 3 when it exited 0 but the trace is uncovered (no known target or hooks: nothing recorded;
+    each server process said so on stderr; see `kvtrace hooks check`, and --partial).
     """
     cmd = list(command)
     if cmd and cmd[0] == "--":
@@ -77,6 +82,9 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
         autoload.write_launch_shim(shim_dir)
         env = launch_env(out, shim_dir, detail=detail, flush_ms=flush_ms,
                          hash_block_tokens=hash_block_tokens)
+        env.pop("KVTRACE_PARTIAL", None)
+        if partial:
+            env["KVTRACE_PARTIAL"] = "1"
         try:
             rc = run_forwarding(cmd, env)
         except OSError as e:  # not found, a directory, not executable, ...
@@ -86,9 +94,29 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
         shutil.rmtree(shim_dir, ignore_errors=True)
     finish_manifest(out, rc)
     ranks = sorted(p.name for p in (out / "ranks").glob("rank=*.json")) if (out / "ranks").is_dir() else []
+    state = _trace_state(out)
     click.echo(f"kvtrace launch: server exited with {rc}; {len(ranks)} recording process(es) "
-               f"in {out}", err=True)
+               f"in {out}; trace state {state}", err=True)
+    if state == "uncovered" and rc == 0:
+        click.echo(f"kvtrace launch: the trace is uncovered (nothing recorded: no known target "
+                   "or hook coverage; `kvtrace inspect " + str(out) + "` lists why, `kvtrace "
+                   "hooks check` each hook); exiting 3", err=True)
+        sys.exit(UNCOVERED_EXIT)
     sys.exit(rc)
+
+
+UNCOVERED_EXIT = 3  # the server exited 0 but the trace is uncovered
+
+
+def _trace_state(out: Path) -> str:
+    """The trace's state after the server ended (``replay.inspection``), ``unknown`` if it
+    cannot be read."""
+    try:
+        from replay.inspection import summarize
+
+        return summarize(out)["state"]
+    except Exception:  # noqa: BLE001 (the exit code and the message matter, not the reason)
+        return "unknown"
 
 
 @click.group("hooks")
@@ -132,9 +160,40 @@ def status_cmd(site_dir: Path | None, as_json: bool) -> None:
 
     st = autoload.pth_status(site_dir)
     st["supported_sglang"] = list(sg_hooks.SUPPORTED_SGLANG_VERSIONS)
+    from tracer.sglang.targets import TARGETS
+
+    st["targets"] = [t.name for t in TARGETS]
     st["kvtrace_dir"] = os.environ.get("KVTRACE_DIR")
     if as_json:
         click.echo(json.dumps(st))
     else:
         for k, v in st.items():
             click.echo(f"{k}: {v}")
+
+
+@hooks.command("check")
+@click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts",
+              show_default=True, help="Capture level to check the hooks at.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def check_cmd(detail: str, as_json: bool) -> None:
+    """Show the sglang target this environment imports and each hook's state, without starting
+    a server (exit 1 unless the coverage is full)."""
+    from tracer.sglang import hooks as sg_hooks
+    from tracer.sglang.targets import table_lines
+
+    try:  # CPU-only environments: triton/torchvision import stubs, only where they are absent
+        from replay.backends.sglang.env import install_import_stubs
+
+        install_import_stubs()
+    except Exception:  # noqa: BLE001 (then the imports themselves say what is missing)
+        pass
+    cov = sg_hooks.coverage_here(detail)
+    if as_json:
+        click.echo(json.dumps(cov, indent=2, default=str))
+    else:
+        for line in table_lines(cov):
+            click.echo(line)
+        for mod, err in (cov.get("import_errors") or {}).items():
+            click.echo(f"not importable here: {mod}: {err}", err=True)
+    if cov.get("state") != "full":
+        sys.exit(1)

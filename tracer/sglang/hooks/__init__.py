@@ -234,3 +234,37 @@ def patched() -> list[tuple[object, str, object]]:
 
 def patch_count() -> int:
     return len(_patcher)
+
+
+def coverage_here(level: str = "counts") -> dict:
+    """What the hooks would cover in this environment, without a server (``kvtrace hooks
+    check``): detect the target, import the modules its contracts name, install (lazily, with
+    ``partial`` so unknown code is tried too), take the coverage, uninstall. A module that cannot
+    be imported here leaves its hooks ``unused``, listed in ``import_errors``.
+
+    Returns: the coverage object (``tracer.sglang.targets.coverage``) plus ``import_errors``
+        ({module: error}). Raises: ValueError: an unknown level.
+    Mutates: nothing that stays (the hooks are uninstalled again; sglang modules stay imported).
+    """
+    state.resolve_detail(level)
+    det = targets.detect()
+    errors: dict[str, str] = {}
+    if det.root is None:
+        cov = targets.coverage(det, [], level, None)
+        cov["import_errors"] = errors
+        return cov
+    mods = _hook_modules(det, True)
+    for name in sorted({c.module for c in targets.contracts_of(mods)}):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 (a broken import is the answer, not a crash)
+            errors[name] = f"{type(e).__name__}: {e}"[:200]
+    was = len(_patcher) > 0
+    try:
+        install(check=False, lazy=True, detail=level, partial=det.target is None)
+        cov = dict(coverage() or {})
+    finally:
+        if not was:
+            uninstall()
+    cov["import_errors"] = errors
+    return cov
