@@ -136,8 +136,17 @@ _FORK_REQUIRES = (
     _M + "common:release_kv_cache(req, tree_cache, is_insert, is_decode)",
     _G + "scheduler:Scheduler.get_next_batch_to_run(self)",
 )
+# The fork's hook modules (tracer/sglang/hooks/fork/), in the order fork.install runs them.
+_FORK_HOOKS = tuple(_H + "fork." + m for m in (
+    "allocator", "swa_memory_pool", "memory_pool", "memory_pool_host", "unified_radix_cache",
+    "common", "schedule_policy", "schedule_batch", "scheduler"))
 # #659 (shared/targets/bytedance-dsv4/659.patch): the SWA-pressure chunk cap and the
 # window-aware LRU refresh are new.
+# The fork's hook modules (tracer/sglang/hooks/fork/, docs/capture.md "The DeepSeek-V4 fork"):
+# the same at both commits (they check the commit's differences themselves).
+_FORK_HOOKS = tuple(_H + "fork." + m for m in (
+    "allocator", "swa_memory_pool", "memory_pool", "memory_pool_host", "unified_radix_cache",
+    "common", "schedule_policy", "schedule_batch", "scheduler"))
 _POST659_NAMES = (
     _G + "schedule_policy:PrefillAdder._swa_chunk_cap",
     _M + "unified_cache_components.tree_component:LRURefreshPhase",
@@ -146,7 +155,7 @@ _POST659_NAMES = (
 DSV4_POST659 = Target(
     name="bytedance-dsv4-post659",
     what="DeepSeek-V4 fork at #659 (08290e30f482d20cb0fb92b79a3d58a9794efeee)",
-    hook_modules=(),  # tracer.sglang.hooks.fork.* (docs/capture.md "How to add a target")
+    hook_modules=_FORK_HOOKS,
     files=_FORK_FILES,
     fingerprints=frozenset({"58394317f0758d21"}),
     requires=_FORK_REQUIRES + _POST659_NAMES,
@@ -155,7 +164,7 @@ DSV4_POST659 = Target(
 DSV4_PRE659 = Target(
     name="bytedance-dsv4-pre659",
     what="DeepSeek-V4 fork before #659 (c6b67186a2def5676445566e4d0ad0efcbcf57b9)",
-    hook_modules=(),
+    hook_modules=_FORK_HOOKS,
     files=_FORK_FILES,
     fingerprints=frozenset({"08b6f0e5c092f0d9"}),
     requires=_FORK_REQUIRES,
