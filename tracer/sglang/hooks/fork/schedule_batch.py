@@ -8,9 +8,9 @@
   ``last_batch``);
 - ``ScheduleBatch.release_req(idx, remaing_req_count, server_args)`` (retraction): a ``retract``
   ``sched`` row, ``counts``/``pages``;
-- ``ScheduleBatch._evict_swa(req, pre_len)`` before #659 (the decode out-of-window SWA release
-  is inline there; at #659 it calls ``common.free_swa_out_of_window_slots``, hooked in
-  ``fork/common.py``): one ``swa_release`` row.
+- ``ScheduleBatch._evict_swa(req, pre_len)``, the decode out-of-window SWA release (inline
+  before #659; at #659 it calls ``common.free_swa_out_of_window_slots``, also hooked in
+  ``fork/common.py``, which then passes through): one ``swa_release`` row.
 """
 
 from __future__ import annotations
@@ -117,8 +117,7 @@ def install(patcher, lazy: bool = False, level: str = "counts") -> int:
     if level == "steps":
         return n
     n += patcher.wrap_method(B, "release_req", exact_only(P_RELEASE_REQ, _make_release_req))
-    common = target(fork_common.MOD, lazy)
-    if common is not None and "free_swa_out_of_window_slots" not in common.__dict__:
-        n += patcher.wrap_method(B, "_evict_swa",
-                                 exact_only("(self, req, pre_len)", _make_evict_swa))
+    # (at #659 _evict_swa calls common.free_swa_out_of_window_slots, also hooked: the outer
+    # release writes the row, fork_common.swa_release)
+    n += patcher.wrap_method(B, "_evict_swa", exact_only("(self, req, pre_len)", _make_evict_swa))
     return n

@@ -41,6 +41,9 @@ CONTRACTS = contracts(
          params="(self, req)", reads=_reads),
     dict(hook="sched.admission", cls="PrefillAdder", method="_req_inc_lock_ref",
          params="(self, req)"),
+    # the SWA budget columns (need, shrunk / swa_wait) are read in the same wrapper
+    dict(hook="sched.budget", cls="PrefillAdder", method="add_one_req", params=P_ADD_ONE,
+         reads=("rem_swa_tokens", "_swa_budget_for_req", "Req.swa_host_hit_length")),
 )
 
 # rid -> (verdict-name, prefix, requested) of its last rejection row (repeats are not written)
