@@ -22,13 +22,20 @@ from replay.console import third_party_to_log
               help="sglang: the real sglang 0.5.23 classes on CPU.")
 @click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts", show_default=True,
               help="Capture level of the run's trace: steps (request, step and stats rows), counts, pages (counts plus page ids).")
+@click.option("--code", "code", default=None, metavar="SPEC",
+              help="Run on this code: a tarball (../shared/targets/...), a directory holding python/sglang "
+                   "or sglang/, or `installed` (default: the installed sglang 0.5.23, in-process). See "
+                   "docs/replay.md, 'Runs on a code'.")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Environment of the code's process over the source's recorded SGLANG_* switches "
+                   "(repeatable; with --code).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--force", is_flag=True, help="Replace --out if it holds a kvtrace run or trace (nothing else).")
 @click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal "
                                               "(default: OUT/sglang.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json as one JSON object.")
 def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backend: str, detail: str,
-               quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
+               code: str | None, env: tuple[str, ...], quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
     """Replay the requests of TRACE_OR_WORKLOAD under a policy; write the run to OUT.
 
     A run is a trace written by the hooks on the real code plus summary.json (occupancy, hits,
@@ -43,12 +50,14 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
     force_out(out, force, inputs=(source,))
     with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:
         s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
-                       progress=not (quiet or as_json))
+                       progress=not (quiet or as_json), code=code, env=env)
     total_s = time.perf_counter() - t0
     if as_json:
         click.echo(json.dumps(dict(s.to_dict(), command_wall_s=round(total_s, 3),
                                    log=str(log.path) if log.path else None), default=str))
         return
+    if s.code:
+        click.echo(f"code {s.code['name']}: {s.code['target']} ({s.code['spec']}, sha {s.code.get('sha') or '-'})")
     click.echo(f"run {out}: policy {policy}, {s.finished}/{s.requests} finished, {s.retractions} retractions, "
                f"{s.sim_s:,.1f} s simulated in {s.wall_s:,.1f} s of replay ({s.sim_s_per_wall_s:,.1f}x); "
                f"{total_s:,.1f} s wall in all, start-up included")

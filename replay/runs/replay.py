@@ -72,6 +72,10 @@ class RunSummary:
     settings: dict = field(default_factory=dict)
     assumed: list = field(default_factory=list)
     patches: list = field(default_factory=list)
+    #: the code the run ran on (``replay.runs.code``: name, spec, sha, target, ...); empty: installed
+    code: dict = field(default_factory=dict)
+    #: the ``SGLANG_*``/``KVTRACE_*`` environment given to a code's process (recorded + ``--env``)
+    env: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,7 +132,8 @@ def resolve_settings(source: str | Path, policy: str, sets=(), backend: str = "s
 
 
 def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded", sets=(),
-               backend: str = "sglang", detail: str = "counts", progress: bool = False) -> RunSummary:
+               backend: str = "sglang", detail: str = "counts", progress: bool = False,
+               code: str | None = None, env=()) -> RunSummary:
     """Replay the requests of ``source`` (a trace or workload) under ``policy`` into run ``out``.
 
     Args:
@@ -139,12 +144,26 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
         backend: ``sglang`` (the real sglang 0.5.23 classes on CPU).
         detail: recorder detail of the run's trace (``counts`` or ``pages``).
         progress: show a progress bar (simulated time, requests done, ETA) on stderr.
+        code: run on this code (``replay.runs.code``: a tarball, a directory holding
+            python/sglang or sglang/, ``installed``); None: the installed sglang in-process.
+        env: ``K=V`` strings or a dict for the code's process, over the source's recorded
+            ``SGLANG_*`` switches (a code other than ``installed`` only).
     Returns:
         the run's :class:`RunSummary` (also written to ``out/summary.json``).
     Raises:
         RunError: bad source, policy, setting, backend or output directory.
     """
     source, out = Path(source), Path(out)
+    if code is not None:
+        from replay.runs import code as code_runs
+
+        resolved = code_runs.resolve_code(code)
+        if not resolved.installed:
+            return code_runs.replay_code(source, out, resolved, policy=policy, sets=sets, env=env, detail=detail,
+                                         progress=progress)
+        if env:
+            raise RunError("--env applies to a code's own process; the installed sglang runs in this process "
+                           "(its switches come from the policy knobs)")
     values, assumed = resolve_settings(source, policy, sets, backend)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(f"{out}: exists and is not an empty directory; choose a new --out")
@@ -163,6 +182,8 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
         raise RunError(f"{source}: no arrival rows in the request family; nothing to replay")
     run_block = {"policy": policy, "backend": backend, "source": str(source), "settings": settings.to_dict(),
                  "assumed": assumed}
+    if code is not None:
+        run_block["code"] = resolved.as_dict()
     bar = _Progress(len(wl.requests), wl.requests[0].arrival_ns, wl.requests[-1].arrival_ns) if progress else None
     try:
         rec = impl.record_run(wl, settings, out, detail=detail, manifest_extra={"run": run_block},
@@ -171,6 +192,8 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
         if bar:
             bar.close()
     summary = _summarize(out, rec, run_block)
+    if code is not None:
+        summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})
     _write_json(out / SUMMARY_FILE, summary.to_dict())
     return summary
 
