@@ -9,7 +9,8 @@ import click
 
 @click.command("compare")
 @click.argument("runs", type=click.Path(exists=True, file_okay=False))
-@click.option("--base", default=None, help="Policy to compute deltas against (default: baseline, else the first).")
+@click.option("--base", default=None, help="Policy or code (--code sweeps) to compute deltas against (default: the first code; else "
+                   "baseline, else the first policy).")
 @click.option("--width", type=click.IntRange(min=20), default=None,
               help="Table width in characters (default: COLUMNS or the terminal's width).")
 @click.option("--json", "as_json", is_flag=True,
@@ -24,7 +25,7 @@ def compare_cmd(runs: str, base: str | None, width: int | None, as_json: bool) -
     from replay.runs.compare import SIGNED, compare, format_table
 
     df = compare(runs, base=base)
-    used = df["policy"][0]  # compare puts the base policy's runs first
+    used = df["base"][0]  # the base policy (or code) the deltas are against
     if as_json:
         click.echo(json.dumps({"base": used, "signed": sorted(SIGNED), "rows": df.to_dicts()}, default=str))
         return

@@ -12,7 +12,13 @@ from replay.console import third_party_to_log
 
 @click.command("sweep")
 @click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
-@click.option("--policies", required=True, help="Comma-separated presets, e.g. baseline,swa-fixes.")
+@click.option("--policies", default=None,
+              help="Comma-separated presets, e.g. baseline,swa-fixes (default with --code: recorded).")
+@click.option("--code", "codes", multiple=True, metavar="NAME=SPEC,...",
+              help="Codes to cross with the policies: a code=NAME level above policy=; SPEC is a tarball, a "
+                   "directory holding python/sglang or sglang/, or `installed` (docs/replay.md).")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Environment of every code's process (repeatable); per grid point: --grid env.NAME=V1,V2.")
 @click.option("--grid", multiple=True, metavar="KNOB=V1,V2",
               help="Knob values to cross with the policies (repeatable), e.g. --grid full_pool_tokens=65536,131072.")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Override applied to every run.")
@@ -27,11 +33,12 @@ from replay.console import third_party_to_log
               help="Start over: remove --out first if it holds a kvtrace sweep, run or trace (nothing else).")
 @click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the runs and their status).")
-def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str, ...], out: str, jobs: int,
+def sweep_cmd(source: str, policies: str | None, codes: tuple[str, ...], env: tuple[str, ...], grid: tuple[str, ...], sets: tuple[str, ...], out: str, jobs: int,
               executor: str, backend: str, quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
     """Replay TRACE_OR_WORKLOAD under every policy x grid point, each run in its own process.
 
-    Layout: OUT/policy=<p>/<knob>=<v>/ (one run each) and OUT/summary.parquet (one row per run).
+    Layout: OUT/policy=<p>/<knob>=<v>/ (one run each; with --code, OUT/code=<name>/policy=...) and
+    OUT/summary.parquet (one row per run).
     A failed run is reported and does not stop the others; the exit status is then 1.
     Re-running into OUT resumes (completed runs are kept); --force starts over. Each run's
     output (sglang's log lines, warnings) is in OUT/.partial/<run>.log, the sweep's own in
@@ -43,8 +50,11 @@ def sweep_cmd(source: str, policies: str, grid: tuple[str, ...], sets: tuple[str
 
     force_out(out, force, check=False, inputs=(source,))
     with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:  # SIGTERM: like SIGINT
-        df = sweep(source, out, policies=policies.split(","), grid=grid, sets=sets, jobs=jobs,
-                   executor=executor, backend=backend, progress=not (quiet or as_json))
+        if policies is None and not codes:
+            raise click.UsageError("--policies is required (e.g. --policies baseline,swa-fixes), or give --code")
+        df = sweep(source, out, policies=(policies or "recorded").split(","), grid=grid, sets=sets, jobs=jobs,
+                   executor=executor, backend=backend, progress=not (quiet or as_json), codes=list(codes) or None,
+                   env=env)
     failed = df.filter(df["status"] != "ok")
     if as_json:
         click.echo(json.dumps({"out": out, "runs": df.select("run", "status", "error").to_dicts(),

@@ -61,9 +61,12 @@ def compare(path, *, base: str | None = None):
 
     Args:
         path: a sweep directory, a run, or a list of run directories.
-        base: policy to take deltas against (default: ``baseline`` if present, else the first).
+        base: policy, or code (the ``code=`` level of a ``--code`` sweep), to take deltas
+            against (default: the first code of a code sweep; else ``baseline`` if present, else
+            the first policy). Against a code, deltas are at the same policy and grid point;
+            against a policy, at the same code and grid point.
     Returns:
-        polars DataFrame: one row per run with ``policy``, grid columns, every figure of
+        polars DataFrame: one row per run with ``policy`` (``code``), grid columns, ``base``, every figure of
         :data:`FIGURES`, and ``<figure>_delta`` / ``<figure>_delta_pct`` against the base run at the
         same grid point.
     Raises:
@@ -80,11 +83,19 @@ def compare(path, *, base: str | None = None):
         rows.append({"run": str(d), "policy": s.policy} | grid | {f: getattr(s, f) for f in FIGURES})
     df = pl.DataFrame(rows, infer_schema_length=None)
     policies = df["policy"].unique(maintain_order=True).to_list()
-    base = base or ("baseline" if "baseline" in policies else policies[0])
-    if base not in policies:
-        raise RunError(f"base policy {base!r} is not among the runs' policies: {', '.join(policies)}")
-    keys = [c for c in df.columns if c not in ("run", "policy") and c not in FIGURES]
-    base_df = df.filter(pl.col("policy") == base).select(keys + list(FIGURES))
+    codes = _code_order(df, roots)
+    if base is None:
+        base = codes[0] if codes else ("baseline" if "baseline" in policies else policies[0])
+    if codes and base in codes:
+        axis = "code"
+    elif base in policies:
+        axis = "policy"
+    else:
+        raise RunError(f"base {base!r} is not among the runs' policies ({', '.join(policies)})"
+                       + (f" nor codes ({', '.join(codes)})" if codes else ""))
+    df = df.with_columns(pl.lit(base).alias("base"))
+    keys = [c for c in df.columns if c not in ("run", axis, "base") and c not in FIGURES]
+    base_df = df.filter(pl.col(axis) == base).select(keys + list(FIGURES))
     base_df = base_df.rename({f: f"{f}__base" for f in FIGURES})
     joined = df.join(base_df, on=keys, how="left") if keys else df.join(base_df, how="cross")
     deltas = []
@@ -97,19 +108,37 @@ def compare(path, *, base: str | None = None):
         deltas.append(pl.when(b != 0).then((pl.col(f) - b) / b.abs() * 100).otherwise(None)
                       .round(2).alias(f"{f}_delta_pct"))
     out = joined.with_columns(deltas).drop([f"{f}__base" for f in FIGURES])
-    order = {p: i for i, p in enumerate([base] + [p for p in policies if p != base])}
-    return (out.with_columns(pl.col("policy").replace_strict(order, return_dtype=pl.Int64).alias("__o"))
+    values = codes if axis == "code" else policies
+    order = {p: i for i, p in enumerate([base] + [p for p in values if p != base])}
+    return (out.with_columns(pl.col(axis).replace_strict(order, return_dtype=pl.Int64).alias("__o"))
             .sort(["__o"] + keys).drop("__o"))
 
 
+def _code_order(df, root: Path | None) -> list[str]:
+    """The runs' codes (the ``code=`` level), in the sweep's ``--code`` order; [] without codes."""
+    if "code" not in df.columns:
+        return []
+    found = [c for c in df["code"].unique(maintain_order=True).to_list() if c is not None]
+    order: list[str] = []
+    if root is not None and (root / "sweep.json").is_file():
+        import json
+
+        try:
+            order = list((json.loads((root / "sweep.json").read_text()).get("codes") or {}))
+        except ValueError:
+            order = []
+    return [c for c in order if c in found] + [c for c in found if c not in order]
+
+
 def _grid_of(run: Path, root: Path | None) -> dict:
+    """The hive levels of ``run`` under ``root`` (``code=``, grid knobs); ``policy=`` is the summary's."""
     if root is None:
         return {}
     try:
         rel = run.relative_to(root)
     except ValueError:
         return {}
-    return {k: v for k, _, v in (part.partition("=") for part in rel.parts[1:]) if v}
+    return {k: v for k, _, v in (part.partition("=") for part in rel.parts) if v and k != "policy"}
 
 
 TABLE_FIGURES = ("finished", "peak_swa_used", "mean_swa_used", "swa_used_slope_tokens_per_hour",
@@ -147,15 +176,17 @@ def format_table(df, *, figures=None, base: str | None = None, width: int | None
 
     figures = figures or TABLE_FIGURES
     width = width or shutil.get_terminal_size((100, 24)).columns
-    keys = [c for c in df.columns if c not in ("run", "policy") and c not in FIGURES
+    heads = ["code", "policy"] if "code" in df.columns else ["policy"]
+    keys = [c for c in df.columns if c not in ("run", "base", *heads) and c not in FIGURES
             and not c.endswith(("_delta", "_delta_pct"))]
     rows = list(df.iter_rows(named=True))
-    wide = _grid([["policy"] + keys + list(figures)]
-                 + [[r["policy"]] + [str(r[k]) for k in keys] + [_cell(r, f) for f in figures] for r in rows],
-                 right_from=1 + len(keys))
+    wide = _grid([heads + keys + list(figures)]
+                 + [[str(r[h]) for h in heads] + [str(r[k]) for k in keys] + [_cell(r, f) for f in figures]
+                    for r in rows],
+                 right_from=len(heads) + len(keys))
     if max(map(len, wide)) <= width:
         return "\n".join(wide)
-    labels = [" ".join([r["policy"]] + [f"{k}={r[k]}" for k in keys]) for r in rows]
+    labels = [" ".join([str(r[h]) for h in heads] + [f"{k}={r[k]}" for k in keys]) for r in rows]
     cols = [[labels[i]] + [_cell(r, f) for f in figures] for i, r in enumerate(rows)]
     names = ["figure"] + list(figures)
     blocks, start = [], 0

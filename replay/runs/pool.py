@@ -197,7 +197,8 @@ def run_local(args, jobs: int):
                     job = _job_file(root_s, spec)
                     job.write_text(json.dumps({"source": source, "root": root_s, "policy": spec.policy,
                                                "grid": [list(g) for g in spec.grid], "sets": list(sets),
-                                               "backend": backend, "detail": detail}))
+                                               "backend": backend, "detail": detail, "code": spec.code,
+                                               "code_spec": spec.code_spec}))
                     launcher.start(spec.key, job, job.with_suffix("").with_suffix(".log"))
                     running[spec.key] = (spec, job)
                     pending.pop(0)

@@ -38,6 +38,8 @@ from replay.runs.replay import SUMMARY_FILE, RunError, read_summary, resolve_set
 PARTIAL_DIR = ".partial"
 SWEEP_FILE = "sweep.json"
 EXECUTORS = ("local", "ray")
+#: a grid key ``env.NAME`` sets the environment variable NAME of a code's process per grid point
+ENV_PREFIX = "env."
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,25 @@ class RunSpec:
 
     policy: str
     grid: tuple[tuple[str, object], ...]
+    #: the code's name (``--code name=SPEC``) and spec; "" = the installed sglang (no code level)
+    code: str = ""
+    code_spec: str = ""
 
     @property
     def rel_dir(self) -> Path:
-        parts = [f"policy={self.policy}"] + [f"{k}={_fmt(v)}" for k, v in self.grid]
+        parts = ([f"code={self.code}"] if self.code else []) + [f"policy={self.policy}"]
+        parts += [f"{k}={_fmt(v)}" for k, v in self.grid]
         return Path(*parts)
+
+    @property
+    def knob_grid(self) -> dict:
+        """The grid values that are knobs (not ``env.NAME`` switches)."""
+        return {k: v for k, v in self.grid if not k.startswith(ENV_PREFIX)}
+
+    @property
+    def env_grid(self) -> dict:
+        """The grid's ``env.NAME`` values, as environment entries of the code's process."""
+        return {k[len(ENV_PREFIX):]: str(v) for k, v in self.grid if k.startswith(ENV_PREFIX)}
 
     @property
     def key(self) -> str:
@@ -66,9 +82,15 @@ def parse_grid(items) -> list[tuple[str, list[object]]]:
     grid: list[tuple[str, list[object]]] = []
     for item in items:
         key, sep, raw = str(item).partition("=")
-        key = key.strip().replace("-", "_")
+        key = key.strip()
         if not sep or not raw:
             raise RunError(f"--grid {item!r}: expected knob=v1,v2,...")
+        if key.startswith(ENV_PREFIX):
+            if any(key == g for g, _ in grid):
+                raise RunError(f"--grid {key} given twice")
+            grid.append((key, [v.strip() for v in raw.split(",") if v.strip()]))
+            continue
+        key = key.replace("-", "_")
         try:
             k = knobs.knob(key)
             values = [k.parse(v) for v in raw.split(",") if v.strip()]
@@ -80,12 +102,15 @@ def parse_grid(items) -> list[tuple[str, list[object]]]:
     return grid
 
 
-def plan(policies, grid) -> list[RunSpec]:
-    """The cross product of ``policies`` and the grid, in a stable order."""
+def plan(policies, grid, codes: dict[str, str] | None = None) -> list[RunSpec]:
+    """The cross product of codes (``{name: spec}``; none: the installed sglang), ``policies`` and
+    the grid, in a stable order."""
     names = [g for g, _ in grid]
     combos = itertools.product(*[vals for _, vals in grid]) if grid else [()]
     combos = list(combos)
-    return [RunSpec(p, tuple(zip(names, c))) for p in policies for c in combos]
+    code_items = list((codes or {"": ""}).items())
+    return [RunSpec(p, tuple(zip(names, c)), name, spec) for name, spec in code_items for p in policies
+            for c in combos]
 
 
 def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, detail: str) -> dict:
@@ -97,10 +122,12 @@ def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, d
     if partial.exists():
         shutil.rmtree(partial)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    overrides = dict(knobs.parse_sets(sets)) | dict(spec.grid)
+    overrides = dict(knobs.parse_sets(sets)) | spec.knob_grid
     t0 = time.perf_counter()
     try:
-        summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail)
+        code_kw = {"code": spec.code_spec, "env": _sweep_env(root) | spec.env_grid} if spec.code else {}
+        summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail,
+                             **code_kw)
     except Exception as e:  # reported as a failed run; the others go on
         from replay.errors import Interrupted
 
@@ -118,9 +145,49 @@ def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, d
     return {"run": spec.key, "status": "ok", "timing": timing}
 
 
+def _sweep_env(root: str | Path) -> dict:
+    """The sweep-wide ``--env`` of the sweep at ``root`` (its ``sweep.json``)."""
+    try:
+        return dict(json.loads((Path(root) / SWEEP_FILE).read_text()).get("env") or {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _check_codes(source: Path, specs: list[RunSpec], sets, backend: str) -> dict[str, str]:
+    """Prepare every code once (children then find it cached) and check each run's settings.
+
+    Returns:
+        {code name: why it cannot run} for the codes that cannot be prepared or matched (their
+        runs are reported failed; the other codes go on).
+    Raises:
+        RunError: a setting no run of a code can take (refused before any process starts).
+    """
+    from replay.runs.code import code_settings, resolve_code
+
+    bad: dict[str, str] = {}
+    resolved: dict = {}
+    for spec in specs:
+        if spec.code and spec.code not in resolved and spec.code not in bad:
+            try:
+                resolved[spec.code] = resolve_code(spec.code_spec, spec.code)
+            except RunError as e:
+                bad[spec.code] = str(e)
+        if spec.code in bad:
+            continue
+        overrides = dict(knobs.parse_sets(sets)) | spec.knob_grid
+        if spec.code and not resolved[spec.code].installed:
+            code_settings(source, spec.policy, overrides)
+        else:
+            if spec.env_grid:
+                raise RunError(f"--grid env.*: environment switches apply to a code's own process; "
+                               f"{spec.code or 'the installed sglang'} runs in this process")
+            resolve_settings(source, spec.policy, overrides, backend)
+    return bad
+
+
 def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jobs: int = 1,
           executor: str = "local", backend: str = "sglang", detail: str = "counts",
-          progress: bool = False):
+          progress: bool = False, codes=None, env=()):
     """Run every (policy, grid point) over ``source`` into ``out``; returns the summary table.
 
     Args:
@@ -134,6 +201,10 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
         backend: replay backend.
         detail: recorder detail of each run.
         progress: a bar over runs on stderr.
+        codes: ``{name: spec}`` or ``name=SPEC,...`` strings (``replay.runs.code``): a ``code=<name>``
+            level above ``policy=``; each run on its code's own process. A code that cannot be
+            prepared or matched has its runs reported failed; the other codes go on.
+        env: ``K=V`` strings or a dict for every code's process (grid keys ``env.NAME`` per point).
     Returns:
         polars DataFrame of ``out/summary.parquet`` (one row per run).
     Raises:
@@ -148,13 +219,23 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     if not policies:
         raise RunError("no policies given; e.g. --policies baseline,swa-fixes (see kvtrace policies)")
     grid = grid if grid and isinstance(grid[0], tuple) and isinstance(grid[0][1], list) else parse_grid(grid)
-    specs = plan(policies, grid)
-    for spec in specs:  # fail fast on a bad combination before any process starts
-        resolve_settings(source, spec.policy, dict(knobs.parse_sets(sets)) | dict(spec.grid), backend)
-    _claim(out, source, policies, grid, sets, backend)
-    todo = [s for s in specs if not (out / s.rel_dir / SUMMARY_FILE).is_file()]
+    from replay.runs.code import parse_codes, parse_env
+
+    codes = parse_codes(codes) if codes and not isinstance(codes, dict) else dict(codes or {})
+    env = parse_env(env)
+    if env and not codes:
+        raise RunError("--env applies to a code's own process; give --code name=SPEC,...")
+    specs = plan(policies, grid, codes)
+    # fail fast on a bad combination before any process starts; a code that cannot be prepared
+    # or matched only fails its own runs
+    bad_codes = _check_codes(source, specs, sets, backend)
+    _claim(out, source, policies, grid, sets, backend, codes, env)
+    todo = [s for s in specs if not (out / s.rel_dir / SUMMARY_FILE).is_file() and s.code not in bad_codes]
     shutil.rmtree(out / PARTIAL_DIR, ignore_errors=True)
-    results = {s.key: {"run": s.key, "status": "ok"} for s in specs if s not in todo}
+    results = {s.key: {"run": s.key, "status": "ok"} for s in specs
+               if s not in todo and s.code not in bad_codes}
+    results |= {s.key: {"run": s.key, "status": "failed", "error": bad_codes[s.code]} for s in specs
+                if s.code in bad_codes}
     args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
     runner = _run_local if executor == "local" else _run_ray
     bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
@@ -181,9 +262,11 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     return _write_table(out, specs, results, grid)
 
 
-def _claim(out: Path, source: Path, policies, grid, sets, backend: str) -> None:
+def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=None, env=None) -> None:
     meta = {"source": str(source), "backend": backend, "grid": {k: [_fmt(v) for v in vs] for k, vs in grid},
             "sets": list(sets)}
+    if codes:
+        meta |= {"codes": dict(codes), "env": dict(env or {})}
     path = out / SWEEP_FILE
     if path.is_file():
         old = json.loads(path.read_text())
@@ -191,6 +274,16 @@ def _claim(out: Path, source: Path, policies, grid, sets, backend: str) -> None:
             raise RunError(f"{out} holds a sweep of {old.get('source')} ({old.get('backend')}); "
                            f"choose a new --out for {source} ({backend})")
         meta["policies"] = list(dict.fromkeys(list(old.get("policies", [])) + list(policies)))
+        for name, spec in (codes or {}).items():
+            was = (old.get("codes") or {}).get(name)
+            if was is not None and was != spec:
+                raise RunError(f"{out}: code {name!r} was {was} in this sweep, now {spec}; give it another name "
+                               "or choose a new --out")
+        if codes or old.get("codes"):
+            meta["codes"] = dict(old.get("codes") or {}) | dict(codes or {})
+            if old.get("env", {}) != meta.get("env", {}):
+                raise RunError(f"{out}: this sweep ran with --env {old.get('env', {})}, now {meta.get('env', {})}; "
+                               "choose a new --out")
     else:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise RunError(f"{out}: exists, is not empty and holds no sweep ({SWEEP_FILE}); choose a new --out")
@@ -257,12 +350,15 @@ def _write_table(out: Path, specs, results: dict, grid):
     rows = []
     for s in specs:
         res = results.get(s.key, {"status": "failed", "error": "not run"})
-        row = {"run": s.key, "policy": s.policy} | {k: _fmt(v) for k, v in s.grid}
+        row = ({"run": s.key} | ({"code": s.code} if any(x.code for x in specs) else {})
+               | {"policy": s.policy} | {k: _fmt(v) for k, v in s.grid})
         row |= {"status": res["status"], "error": res.get("error", "")}
         if res["status"] == "ok":
             summary = read_summary(out / s.rel_dir).to_dict()
             row |= {k: v for k, v in summary.items() if not isinstance(v, (dict, list))
                     and k not in ("policy", "run")}
+            if summary.get("code"):
+                row |= {"code_target": summary["code"].get("target", ""), "code_sha": summary["code"].get("sha", "")}
         rows.append(row)
     df = pl.DataFrame(rows, infer_schema_length=None)
     tmp = out / f".summary.parquet.tmp-{os.getpid()}"

@@ -87,7 +87,8 @@ def run_job(job: Path, *, t0: float | None = None, cpu0: float | None = None) ->
         modules_run = len(sys.modules)
         from replay.runs.sweep import RunSpec, _run_one
 
-        spec = RunSpec(spec_data["policy"], tuple((k, v) for k, v in spec_data["grid"]))
+        spec = RunSpec(spec_data["policy"], tuple((k, v) for k, v in spec_data["grid"]),
+                       spec_data.get("code", ""), spec_data.get("code_spec", ""))
         res = _run_one(spec_data["source"], spec_data["root"], spec, tuple(spec_data["sets"]), backend,
                        spec_data["detail"])
     except KeyboardInterrupt:
