@@ -10,6 +10,9 @@ processes all land there), and :func:`progress_stream` returns the terminal's st
 streams are restored, logging handlers left pointing at the log are pointed back at stderr, and
 the log is moved to ``final_path`` (appended when one is there) if its directory exists and the
 log is not empty; :attr:`Capture.path` then names it (``None``: nothing was logged).
+
+kvtrace's own warnings and errors (loggers under ``kvtrace``, e.g. the recorder's "recording ...
+disabled after a write error") still reach the terminal, and the log too.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ def third_party_to_log(final_path: str | Path | None, *, verbose: bool = False):
     terminal_fd = _fd(old_err)
     _TERMINAL = (os.fdopen(os.dup(terminal_fd), "w", buffering=1, encoding="utf-8", errors="replace")
                  if terminal_fd is not None else old_err)
+    ours = logging.StreamHandler(_TERMINAL)
+    ours.setLevel(logging.WARNING)
+    ours.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("kvtrace").addHandler(ours)
     try:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
@@ -75,6 +82,7 @@ def third_party_to_log(final_path: str | Path | None, *, verbose: bool = False):
             os.dup2(d, n)
             os.close(d)
         sys.stdout, sys.stderr = old_out, old_err
+        logging.getLogger("kvtrace").removeHandler(ours)
         _repoint_handlers(log, old_err)
         if _TERMINAL is not old_err:
             with contextlib.suppress(Exception):
