@@ -117,4 +117,25 @@ def mb_per_rank_hour(num_bytes: int, num_ranks: int, span_ns: int) -> float | No
     return round(num_bytes / 1e6 / max(num_ranks, 1) / (span_ns / 3.6e12), 3)
 
 
-__all__ = ["summarize", "rank_states", "rank_coverage", "trace_state", "mb_per_rank_hour"]
+def coverage_lines(cov: dict) -> list[str]:
+    """A rank's ``coverage`` (``tracer.sglang.targets.coverage``) as text lines (``kvtrace
+    hooks check``, ``kvtrace inspect``)."""
+    fp = cov.get("fingerprint")
+    lines = [f"target     {cov.get('target') or '(none)'}  ({cov.get('reason', '')})",
+             f"sglang     {cov.get('sglang_version') or '?'} at {cov.get('sglang_root') or '?'}",
+             f"source     fingerprint {fp or '?'} "
+             f"({'known' if cov.get('fingerprint_known') else 'unknown'})",
+             f"coverage   {cov.get('state')} at level {cov.get('level')}"
+             + ("  (--partial)" if cov.get("partial") else "")]
+    lines.append(f"{'hook':<20} {'state':<10} reason")
+    for name, h in (cov.get("hooks") or {}).items():
+        lines.append(f"{name:<20} {h.get('state', '?'):<10} {h.get('reason', '')}".rstrip())
+    lines.append(f"{'pool':<20} {'accounted':<10} reason")
+    for name, p in (cov.get("pools") or {}).items():
+        lines.append(f"{name:<20} {'yes' if p.get('accounted') else 'no':<10} "
+                     f"{p.get('reason', '')}".rstrip())
+    return lines
+
+
+__all__ = ["summarize", "rank_states", "rank_coverage", "trace_state", "mb_per_rank_hour",
+           "coverage_lines"]

@@ -62,7 +62,7 @@ def _print(s: dict) -> None:
 
 def _print_coverage(s: dict) -> None:
     """The hooks' coverage per rank (rank files' ``coverage``) and the uncovered processes."""
-    from tracer.sglang.targets import table_lines
+    from replay.inspection import coverage_lines
 
     covs = s.get("coverage") or {}
     seen: dict[str, list[str]] = {}
@@ -72,7 +72,7 @@ def _print_coverage(s: dict) -> None:
         seen.setdefault(key, []).append(r)
     for key, ranks in seen.items():
         click.echo(f"coverage   rank(s) {', '.join(ranks)}")
-        for line in table_lines(json.loads(key)):
+        for line in coverage_lines(json.loads(key)):
             click.echo("  " + line)
     for u in s.get("uncovered") or []:
         click.echo(f"uncovered  pid {u.get('pid')} ({' '.join(u.get('argv') or [])}): "

@@ -179,7 +179,7 @@ def check_cmd(detail: str, as_json: bool) -> None:
     """Show the sglang target this environment imports and each hook's state, without starting
     a server (exit 1 unless the coverage is full)."""
     from tracer.sglang import hooks as sg_hooks
-    from tracer.sglang.targets import table_lines
+    from replay.inspection import coverage_lines
 
     try:  # CPU-only environments: triton/torchvision import stubs, only where they are absent
         from replay.backends.sglang.env import install_import_stubs
@@ -191,7 +191,7 @@ def check_cmd(detail: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(cov, indent=2, default=str))
     else:
-        for line in table_lines(cov):
+        for line in coverage_lines(cov):
             click.echo(line)
         for mod, err in (cov.get("import_errors") or {}).items():
             click.echo(f"not importable here: {mod}: {err}", err=True)

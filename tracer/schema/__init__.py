@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 SCHEMA_MAJOR = int(SCHEMA_VERSION.split(".")[0])
 PRODUCER = "kvtrace"
 
@@ -328,7 +328,7 @@ def family(name: str) -> Family:
 MANIFEST_FILE = "manifest.json"
 
 MANIFEST_KEYS: dict[str, str] = {
-    "schema_version": "Schema version of every file in the trace ('1.2'; '1.0' and '1.1' still read).",
+    "schema_version": "Schema version of every file in the trace ('1.3'; '1.0' to '1.2' still read).",
     "producer": "{'name': 'kvtrace', 'version': ..., 'source': 'tracer'|'workload'|'sglang-hooks'|...}.",
     "created_unix_ns": "Wall-clock time the trace was created.",
     "clock": "{'monotonic_ns': M, 'unix_ns': U}: ts_ns = monotonic_ns - M; unix = U + ts_ns.",

@@ -21,7 +21,8 @@ Layout (a hook is found by the sglang module that defines the class it wraps):
 - ``runtime/``: the one state object and ids, ``request`` rows, the step/``stats`` sampler;
 - ``activation/``: the ``KVTRACE_DIR`` autoload, the ``.pth``/launch shim, server info;
 - ``patching.py`` (reversible patches), ``wrappers.py`` (the repeated wrapper shapes),
-  ``versions.py`` (the supported sglang versions, declared once).
+  ``versions.py`` (the code check, declared once); ``targets/``: the code bases captured,
+  recognized by their code, the hooks' contracts and the coverage recorded per rank.
 
 This package imports sglang only inside ``install()``.
 """

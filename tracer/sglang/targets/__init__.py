@@ -47,7 +47,6 @@ from tracer.sglang.targets.coverage import (  # noqa: F401
     contracts_of,
     coverage,
     hook_states,
-    table_lines,
 )
 from tracer.sglang.targets.detect import Detection, detect, installed_version  # noqa: F401
 from tracer.sglang.targets.table import (  # noqa: F401

@@ -117,22 +117,3 @@ def coverage(detection, contracts: list[Contract], level: str, is_patched, *,
     out.update(level=level, state=state, trace_state=TRACE_STATE[state], partial=partial,
                hooks=hooks, pools=pool_states(hooks, level))
     return out
-
-
-def table_lines(cov: dict) -> list[str]:
-    """The coverage as text lines (``kvtrace hooks check`` and ``kvtrace inspect``)."""
-    fp = cov.get("fingerprint")
-    lines = [f"target     {cov.get('target') or '(none)'}  ({cov.get('reason', '')})",
-             f"sglang     {cov.get('sglang_version') or '?'} at {cov.get('sglang_root') or '?'}",
-             f"source     fingerprint {fp or '?'} "
-             f"({'known' if cov.get('fingerprint_known') else 'unknown'})",
-             f"coverage   {cov.get('state')} at level {cov.get('level')}"
-             + ("  (--partial)" if cov.get("partial") else "")]
-    lines.append(f"{'hook':<20} {'state':<10} reason")
-    for name, h in (cov.get("hooks") or {}).items():
-        lines.append(f"{name:<20} {h.get('state', '?'):<10} {h.get('reason', '')}".rstrip())
-    lines.append(f"{'pool':<20} {'accounted':<10} reason")
-    for name, p in (cov.get("pools") or {}).items():
-        lines.append(f"{name:<20} {'yes' if p.get('accounted') else 'no':<10} "
-                     f"{p.get('reason', '')}".rstrip())
-    return lines
