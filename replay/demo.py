@@ -22,8 +22,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_WORKLOAD = ROOT / "data" / "workloads" / "multi_turn"
+from replay.paths import data_dir
+
+DEFAULT_WORKLOAD = data_dir() / "workloads" / "multi_turn"  # through the package: checkout or installed
 #: Sizes under which the fixes visibly matter on the multi_turn sample: a full pool of 128k
 #: tokens, an SWA pool of 32k (W = 128) and a host pool of 1M slots (HiCache write-through).
 DEMO_SETTINGS = ("full_pool_tokens=131072", "swa_full_tokens_ratio=0.25", "host_pool_tokens=1048576")
