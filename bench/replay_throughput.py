@@ -78,6 +78,35 @@ def measure_replay(workload: Path, policy: str, sets: list[str], slice_s: float 
             "steps_per_loop_s": round(s.steps / (s.sched_cpu_ns / 1e9), 1), "slice_s": slice_s}
 
 
+def measure_code(workload: Path, code: str, sets: list[str], slice_s: float = 0.0) -> dict:
+    """Per-step speed of ``code``'s backend (its own process) against the installed 0.5.23 backend
+    (``scheduler=real``, this process), same workload and sizes, policy ``recorded``, one run each.
+
+    ``*_loop_us_per_step``: the loop's measured CPU per step (``sched_cpu_ns / steps``: scheduling
+    and memory code with the hooks, what a step costs); ``*_wall_us_per_step``: the run's wall time
+    (the code's build included, its process start not) per step; ``code_over_sglang_loop``: the
+    ratio of the first (issue 24's target: <= 1.5).
+    """
+    from replay.runs import replay_run
+
+    with tempfile.TemporaryDirectory(prefix="kvtrace-bench-code-") as tmp:
+        if slice_s > 0:
+            workload = write_slice(workload, slice_s, Path(tmp) / "slice")
+        out: dict = {"code": code, "code_workload": str(workload)}
+        for name, kw in (("sglang", {}), ("code", {"code": code})):
+            t0 = time.perf_counter()
+            s = replay_run(workload, Path(tmp) / name, policy="recorded", sets=sets, **kw)
+            out |= {f"{name}_steps": s.steps, f"{name}_finished": s.finished,
+                    f"{name}_total_wall_s": round(time.perf_counter() - t0, 3), f"{name}_wall_s": s.wall_s,
+                    f"{name}_loop_us_per_step": round(s.sched_cpu_ns / 1e3 / max(s.steps, 1), 1),
+                    f"{name}_wall_us_per_step": round(s.wall_s * 1e6 / max(s.steps, 1), 1)}
+            if kw:
+                out["code_target"] = s.code.get("target")
+    out["code_over_sglang_loop"] = round(out["code_loop_us_per_step"] / out["sglang_loop_us_per_step"], 3)
+    out["code_over_sglang_wall"] = round(out["code_wall_us_per_step"] / out["sglang_wall_us_per_step"], 3)
+    return out
+
+
 def measure_schedulers(workload: Path, policy: str, sets: list[str], schedulers: list[str],
                        profile: bool = False, repeat: int = 1) -> dict:
     """Replay ``workload`` once per sglang scheduler, ``repeat`` rounds interleaved, in this
@@ -197,8 +226,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--schedulers-workload", type=Path, default=ROOT / "data/workloads/mixed")
     ap.add_argument("--profile", action="store_true", help="cProfile each scheduler's replay (stderr)")
     ap.add_argument("--repeat", type=int, default=1, help="interleaved rounds of the scheduler runs (best kept)")
+    ap.add_argument("--code", default=None, metavar="SPEC",
+                    help="only: per-step speed of SPEC's backend (e.g. the fork's tarball) against the 0.5.23 "
+                         "backend on --workload (policy recorded, --set sizes), one run each")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if args.code:
+        res = {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
+        res |= measure_code(args.workload, args.code, args.set, args.slice_s)
+        res["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(res) if args.json else "\n".join(f"{k}  {v}" for k, v in res.items()))
+        return 0
     if (not args.skip_replay or args.hooks_off) and not (args.workload / "manifest.json").is_file():
         raise SystemExit(f"{args.workload}: no workload there; `make data` writes data/workloads/production_1h")
     res: dict = {"cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2)}
