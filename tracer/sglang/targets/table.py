@@ -136,17 +136,13 @@ _FORK_REQUIRES = (
     _M + "common:release_kv_cache(req, tree_cache, is_insert, is_decode)",
     _G + "scheduler:Scheduler.get_next_batch_to_run(self)",
 )
-# The fork's hook modules (tracer/sglang/hooks/fork/), in the order fork.install runs them.
-_FORK_HOOKS = tuple(_H + "fork." + m for m in (
-    "allocator", "swa_memory_pool", "memory_pool", "memory_pool_host", "unified_radix_cache",
-    "common", "schedule_policy", "schedule_batch", "scheduler"))
-# #659 (shared/targets/bytedance-dsv4/659.patch): the SWA-pressure chunk cap and the
-# window-aware LRU refresh are new.
 # The fork's hook modules (tracer/sglang/hooks/fork/, docs/capture.md "The DeepSeek-V4 fork"):
 # the same at both commits (they check the commit's differences themselves).
 _FORK_HOOKS = tuple(_H + "fork." + m for m in (
     "allocator", "swa_memory_pool", "memory_pool", "memory_pool_host", "unified_radix_cache",
     "common", "schedule_policy", "schedule_batch", "scheduler"))
+# #659 (shared/targets/bytedance-dsv4/659.patch): the SWA-pressure chunk cap and the
+# window-aware LRU refresh are new.
 _POST659_NAMES = (
     _G + "schedule_policy:PrefillAdder._swa_chunk_cap",
     _M + "unified_cache_components.tree_component:LRURefreshPhase",
