@@ -565,8 +565,19 @@ def main(argv=None) -> int:
                     help="instead: level steps's per-step hook path warm, one hook vs two (ns)")
     ap.add_argument("--live", action="store_true",
                     help="also measure the live CPU server per level (bench/live_overhead.py)")
+    ap.add_argument("--target", choices=("sglang-0.5.23", "fork-post659", "fork-pre659"),
+                    default="sglang-0.5.23",
+                    help="fork-*: the counts level's us/step on the DeepSeek-V4 fork's Scheduler "
+                         "beside 0.5.23's, in one run (bench/fork_overhead.py; --requests "
+                         "default 60)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if args.target != "sglang-0.5.23":
+        from fork_overhead import fork_vs_upstream, print_table
+
+        r = fork_vs_upstream(args.workload, target=args.target, requests=args.requests or 60,
+                             repeat=args.repeat)
+        return _report(r, args.json, print_table)
     if args.warm_path:
         w = warm_path()
         return _report(w, args.json, lambda d: print(json.dumps(d, indent=1)))
