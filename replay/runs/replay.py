@@ -157,7 +157,11 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     if code is not None:
         from replay.runs import code as code_runs
 
-        resolved = code_runs.resolve_code(code)
+        named = code_runs.parse_codes(str(code))  # SPEC or NAME=SPEC
+        if len(named) != 1:
+            raise RunError(f"--code {code!r}: one code per run (a sweep takes several: kvtrace sweep --code ...)")
+        ((name, spec),) = named.items()
+        resolved = code_runs.resolve_code(spec, name)
         if not resolved.installed:
             return code_runs.replay_code(source, out, resolved, policy=policy, sets=sets, env=env, detail=detail,
                                          progress=progress)

@@ -125,7 +125,7 @@ def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, d
     overrides = dict(knobs.parse_sets(sets)) | spec.knob_grid
     t0 = time.perf_counter()
     try:
-        code_kw = {"code": spec.code_spec, "env": _sweep_env(root) | spec.env_grid} if spec.code else {}
+        code_kw = {"code": f"{spec.code}={spec.code_spec}", "env": _sweep_env(root) | spec.env_grid} if spec.code else {}
         summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail,
                              **code_kw)
     except Exception as e:  # reported as a failed run; the others go on
