@@ -125,6 +125,12 @@ def _missing_reads(c: Contract, owner) -> list[str]:
     for r in c.reads:
         if ":" in r:
             mod, qual = r.split(":", 1)
+            m = sys.modules.get(mod)
+            if m is None or getattr(getattr(m, "__spec__", None), "_initializing", False):
+                # another module's class, not imported (yet) in this process: nothing to check
+                # against now (the tokenizer manager imports mem_cache.common but never the
+                # scheduler's Req); a read the hook body makes guards itself
+                continue
             cls, attr = _resolve(mod, qual)
         elif "." in r:
             cls, attr = _resolve(c.module, r)
