@@ -93,8 +93,8 @@ def test_compare_and_diff_read_the_code_axis(code_sweep):
     # running requests at pre659 (left waiting, then unschedulable); post659 shrinks it and serves all
     assert post["finished"] == 24 and pre["finished"] < 24
     assert post["finished_delta"] == post["finished"] - pre["finished"]
-    text = format_table(df, width=200)
-    assert "code" in text.splitlines()[0] and "pre" in text and "post" in text
+    head = format_table(df, width=100).splitlines()[0]  # transposed: runs labelled "<code> <policy>"
+    assert "pre recorded" in head and "post recorded" in head
     d = diff_runs(root / "code=pre" / "policy=recorded", root / "code=post" / "policy=recorded")
     assert d.first_step is not None and d.first_step > 1
     out = subprocess.run([sys.executable, "-m", "replay.cli", "compare", str(root), "--json"], cwd=ROOT,
