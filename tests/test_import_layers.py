@@ -31,7 +31,8 @@ def test_tracer_never_imports_replay_or_heavy_packages():
 
 def test_replay_imports_only_the_schema_package_from_tracer():
     """DESIGN.md §2: ``replay/`` may import ``tracer.schema``; only the backends that record runs
-    (``replay/backends/sglang`` through its hooks, ``replay/backends/reference`` through the
+    (``replay/backends/sglang`` and ``replay/backends/fork`` through their hooks,
+    ``replay/backends/reference`` through the
     tracer's emit API, and the recording lifecycle they share, ``replay/backends/base.py``) and
     the record/launch wiring (``replay/record.py``, ``replay/launch.py`` and their CLI wrappers)
     import the tracer runtime and ``tracer.sglang``."""
@@ -43,7 +44,8 @@ def test_replay_imports_only_the_schema_package_from_tracer():
 
 def _may_run_the_tracer(f: Path) -> bool:
     rel = f.relative_to(ROOT / "replay")
-    return (rel.parts[:2] in (("backends", "sglang"), ("backends", "reference")) or rel.parts == ("backends", "base.py")
+    return (rel.parts[:2] in (("backends", "sglang"), ("backends", "reference"), ("backends", "fork"))
+            or rel.parts == ("backends", "base.py")
             or rel.stem in ("record", "launch"))
 
 

@@ -127,8 +127,8 @@ def resolve_code(spec: str, name: str | None = None) -> Code:
     Raises:
         RunError: the spec cannot be prepared, its target is unknown, or no backend runs it.
     """
+    from replay.backends.fork.backend import detect_target as detect
     from replay.codes import CodePrepareError, prepare
-    from tracer.sglang.targets import detect
 
     name = name or default_name(spec)
     m = re.fullmatch(r"sglang==(\S+)", spec)

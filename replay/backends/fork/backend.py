@@ -35,6 +35,14 @@ from pathlib import Path
 MODEL_EOS = 1
 
 
+def detect_target(sglang_dir: str | Path | None = None):
+    """The target of the sglang source at ``sglang_dir`` (default: what this interpreter imports),
+    from its files only (``tracer.sglang.targets.detect``; nothing is imported)."""
+    from tracer.sglang.targets import detect
+
+    return detect(sglang_dir)
+
+
 def model_kind(settings: dict, manifest: dict | None = None) -> str:
     """``KVTRACE_FORK_MODEL``, else dsv4 for a DSV4 capture, swa with a window, else mha."""
     forced = os.environ.get("KVTRACE_FORK_MODEL", "").strip()
@@ -375,4 +383,4 @@ class _ProgressFile:
         os.replace(tmp, self.path)
 
 
-__all__ = ["ForkBackend", "is_dsv4_manifest", "model_kind", "record", "server_kwargs"]
+__all__ = ["ForkBackend", "detect_target", "is_dsv4_manifest", "model_kind", "record", "server_kwargs"]
