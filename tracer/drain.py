@@ -326,6 +326,7 @@ def main() -> int:
     except OSError:
         return 1
     notice_fd, info = cfg["notice_fd"], cfg["info"]
+    flushed_seq = 0
     os.set_blocking(notice_fd, False)
     interval_s = drain.opts.flush_interval_ms / 1000
     poll_s = min(drain.opts.poll_interval_ms / 1000, interval_s)
@@ -376,9 +377,13 @@ def main() -> int:
         else:
             try:
                 reply = drain.flush(msg)
-                if msg.get("progress"):  # every seq up to here is on disk or counted (advisory)
+                if msg.get("info") is not None:  # the recorder's rank info changed (coverage)
+                    info = msg["info"]
+                if msg.get("progress") or msg.get("info") is not None:
+                    # every seq up to flushed_seq is on disk or counted (advisory)
+                    flushed_seq = msg.get("progress") or flushed_seq
                     try:
-                        _manifest.update_rank_info(drain.dir, drain.rank, dict(info, flushed_seq=msg["progress"]))
+                        _manifest.update_rank_info(drain.dir, drain.rank, dict(info, flushed_seq=flushed_seq))
                     except Exception:
                         pass
             except Exception as e:  # disk full, directory removed, ...

@@ -145,6 +145,7 @@ class Recorder:
         # Held while recording: ``kvtrace recover`` refuses a rank whose lock is taken.
         self._lock_fd = _manifest.hold_rank_lock(self.dir, self.rank)
         self.end_state = "complete"  # written to the rank file when the flusher finishes
+        self.info_changed = False  # set by whoever updates ``info`` later (the hooks' coverage)
         self._progress_seq = 0
         self.seq = itertools.count(1)
         self.now = [0 if self.opts.clock == "manual" else time.monotonic_ns() - self.anchor_ns]
@@ -335,9 +336,13 @@ class Recorder:
         self._inflight += n_msg
         hand.clear()
         self._awaited.append(n_msg)
+        msg = {"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows,
+               "close": close, "progress": s_swap - 1 if force else 0}
+        if self.info_changed:  # e.g. coverage grown by a later install: the drain's copy is stale
+            self.info_changed = False
+            msg["info"] = dict(self.info)
         try:
-            _drain.send(self._cmd_fd, {"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows,
-                                       "close": close, "progress": s_swap - 1 if force else 0})
+            _drain.send(self._cmd_fd, msg)
         except OSError:
             raise self._drain_gone() from None
         return self._apply_replies(block=wait)
@@ -607,6 +612,9 @@ class Recorder:
                 self._rotate(force_close=False)
                 if force:
                     self._write_progress(s_swap - 1)
+                if self.info_changed:  # e.g. the hooks' coverage grew after a later install
+                    self.info_changed = False
+                    self._write_progress(self._progress_seq, rewrite=True)
                 return True
             except Exception as e:  # disk full, directory removed, ...
                 self._fail(e)
@@ -794,10 +802,10 @@ class Recorder:
         except Exception as e:  # the segments stay readable; recover can still mark the rank
             log.error("kvtrace: could not write the end state of rank %d to %s: %s", self.rank, self.dir, e)
 
-    def _write_progress(self, flushed_seq: int) -> None:
+    def _write_progress(self, flushed_seq: int, rewrite: bool = False) -> None:
         """Note in the rank file that every seq up to ``flushed_seq`` is on disk or counted in
         ``drops``: recovery then counts a torn or lost tail beyond the last seq on disk."""
-        if flushed_seq <= self._progress_seq:
+        if flushed_seq <= self._progress_seq and not rewrite:
             return
         self._progress_seq = flushed_seq
         try:

@@ -158,8 +158,9 @@ def _update_coverage(level: str) -> dict | None:
     import tracer
 
     rec = tracer.active()
-    if rec is not None and getattr(rec, "pid", None) == os.getpid():
+    if rec is not None and getattr(rec, "pid", None) == os.getpid() and rec.info.get("coverage") != cov:
         rec.info["coverage"] = cov
+        rec.info_changed = True  # rewritten into the rank file at the next flush
     return cov
 
 

@@ -46,6 +46,8 @@ class HookState:
             the stats sampler samples only when set (or when the interval is negative).
         pin_select / pin_commit: depth inside ``PrefillAdder.add_one_req``/``add_chunked_req``
             and inside its commit: the selection's temporary prefix pin leaves no rows.
+        swa_release_depth: depth inside a recorded out-of-window SWA release (the fork's
+            ``_evict_swa`` calls the common helper at #659: the outermost writes the row).
         forward_ct: the step counter of ``sched``/``stats`` rows.
         emit_key: the ``tracer.pool`` the recording snapshot was taken for.
         rec: the active recorder (``tracer.active()``) of that snapshot, or None.
@@ -57,7 +59,7 @@ class HookState:
         server_args: ``ServerArgs`` of the scheduler built in this process (manifest, rank).
     """
 
-    __slots__ = ("level", "cur_rid", "dirty", "pin_select", "pin_commit", "forward_ct",
+    __slots__ = ("level", "cur_rid", "dirty", "pin_select", "pin_commit", "swa_release_depth", "forward_ct",
                  "emit_key", "rec", "pages", "starter", "on_step", "server_args",
                  "new_recording_listeners")
 
@@ -66,6 +68,7 @@ class HookState:
         self.cur_rid = -1
         self.dirty = True
         self.pin_select = self.pin_commit = 0
+        self.swa_release_depth = 0
         self.forward_ct = 0
         self.emit_key = None
         self.rec = None

@@ -83,14 +83,11 @@ def _make_finish_only(orig):
     return release_kv_cache
 
 
-_in_release = [0]  # > 0 inside a recorded release (at #659 _evict_swa calls the common helper)
-
-
 def swa_release(req, call):
     """Run ``call()`` (an out-of-window SWA release of ``req``) attributed to ``req``; one
     ``swa_release`` row when ``req.swa_evicted_seqlen`` advanced (the outermost of nested
     releases writes it)."""
-    if _in_release[0]:
+    if S.swa_release_depth:
         return call()
     try:
         before = int(req.swa_evicted_seqlen)
@@ -99,11 +96,11 @@ def swa_release(req, call):
     prev_rid, S.cur_rid = S.cur_rid, state.rid_of(req)
     rid = S.cur_rid
     t0 = perf_counter_ns()
-    _in_release[0] += 1
+    S.swa_release_depth += 1
     try:
         return call()
     finally:
-        _in_release[0] -= 1
+        S.swa_release_depth -= 1
         S.cur_rid = prev_rid
         try:
             freed = int(req.swa_evicted_seqlen) - before
