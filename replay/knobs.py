@@ -13,7 +13,12 @@ Presets are named sets of knob values applied over a base (the trace's recorded 
 - ``recorded``: the settings in the trace's manifest (sizes and the policies it names);
 - ``swa-fixes``: sglang 0.5.23's behaviour (window-aware refresh, shrink only prompts that never
   fit, lazy host free, out-of-window release in decode and at unfinished inserts, the
-  ``max(W, ps)`` boundary), i.e. bytedance-iaas/sglang#659;
+  ``max(W, ps)`` boundary). It is *not* bytedance-iaas/sglang#659 (see ``fork-659``);
+- ``fork-659``: what the fork's #659 code does, read from its diff and checked against the
+  post659 commit (``tests/claims/test_fork_659.py``): ``swa-fixes`` with
+  ``swa_admission=shrink_always`` (its ``_swa_chunk_cap`` shrinks whenever SWA cannot admit a
+  chunk) and ``swa_out_of_window_release=decode_only`` (the release at unfinished inserts is
+  opt-in, ``SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS``, default off);
 - ``baseline``: every pre-fix behaviour;
 - one single-knob step per fix in each direction: ``baseline+<value>`` (baseline with one fix)
   and ``swa-fixes-<value>`` (swa-fixes without the fix named by its fixed value, e.g.
@@ -218,6 +223,10 @@ FIXES: dict[str, tuple[str, str]] = {
 }
 
 
+#: Where bytedance-iaas/sglang#659 (the DeepSeek-V4 fork) differs from ``swa-fixes`` (docs/claims.md).
+FORK_659: dict[str, str] = {"swa_admission": "shrink_always", "swa_out_of_window_release": "decode_only"}
+
+
 def _build_presets() -> dict[str, dict[str, object]]:
     fixed = {k: v[1] for k, v in FIXES.items()} | {"prefix_ownership": "radix_protected_floor"}
     baseline = {k: v[0] for k, v in FIXES.items()} | {"prefix_ownership": "radix_protected_floor"}
@@ -226,6 +235,7 @@ def _build_presets() -> dict[str, dict[str, object]]:
         presets[f"baseline+{post}"] = baseline | {knob: post}
         presets[f"swa-fixes-{post}"] = fixed | {knob: pre}
     presets["eic"] = fixed | {"prefix_ownership": "eic_release_protected_prefix"}
+    presets["fork-659"] = fixed | FORK_659
     return presets
 
 
@@ -234,7 +244,9 @@ PRESETS: dict[str, dict[str, object]] = _build_presets()
 PRESET_HELP = {
     "recorded": "the settings in the trace's manifest (missing ones take the defaults; the run lists them)",
     "baseline": "every pre-fix behaviour: " + ", ".join(f"{k}={v[0]}" for k, v in FIXES.items()),
-    "swa-fixes": "sglang 0.5.23 / bytedance-iaas/sglang#659: " + ", ".join(f"{k}={v[1]}" for k, v in FIXES.items()),
+    "swa-fixes": "sglang 0.5.23 (not #659: see fork-659): " + ", ".join(f"{k}={v[1]}" for k, v in FIXES.items()),
+    "fork-659": "bytedance-iaas/sglang#659 as its post659 code does it: swa-fixes with "
+                + ", ".join(f"{k}={v}" for k, v in FORK_659.items()),
     "eic": "swa-fixes with prefix_ownership=eic_release_protected_prefix (reference backend only)",
 }
 
@@ -364,6 +376,6 @@ def recorded_settings(manifest: dict) -> dict[str, object]:
     return out
 
 
-__all__ = ["ALIASES", "BACKENDS", "FIXES", "KNOBS", "KNOB_BY_NAME", "Knob", "KnobError", "PRESETS",
+__all__ = ["ALIASES", "BACKENDS", "FIXES", "FORK_659", "KNOBS", "KNOB_BY_NAME", "Knob", "KnobError", "PRESETS",
            "PRESET_HELP", "check_backend", "defaults", "knob", "parse_sets", "preset", "recorded_settings",
            "resolve", "values_of"]
