@@ -21,6 +21,9 @@ def test_presets_differ_by_exactly_the_fixes():
         assert _diff(PRESETS[f"swa-fixes-{post}"], PRESETS["swa-fixes"]) == {knob}
         assert PRESETS[f"swa-fixes-{post}"][knob] == pre
     assert _diff(PRESETS["eic"], PRESETS["swa-fixes"]) == {"prefix_ownership"}
+    # #659 as the fork's post659 code does it (tests/claims/test_fork_659.py checks it on the code)
+    assert PRESETS["fork-659"] == PRESETS["swa-fixes"] | {"swa_admission": "shrink_always",
+                                                          "swa_out_of_window_release": "decode_only"}
 
 
 def test_swa_fixes_is_the_default_behaviour():
