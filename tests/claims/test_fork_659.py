@@ -30,7 +30,7 @@ from tests.claims import scenarios as sc
 from tests.fork.conftest import fork_tarball, require_fork
 from tests.sglang.backend_util import BLOCK, blocks, req
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("fork-659-claims")]  # module fixtures: one worker
 
 AT_INSERT = "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS"
 

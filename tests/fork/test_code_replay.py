@@ -32,6 +32,8 @@ def _workload(out: Path) -> Path:
     return out
 
 
+pytestmark = pytest.mark.xdist_group("fork-code-replay")  # the module fixture runs once, on one worker
+
 @pytest.fixture(scope="module")
 def code_sweep(tmp_path_factory):
     require_fork()

@@ -117,7 +117,7 @@ def fork_run(request, fork_codes, tmp_path_factory):
     return commit, _RUNS[commit]
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("fork-capture-scheduler")]  # module fixtures: one worker
 
 
 def _trace(fork_run, case):

@@ -48,7 +48,7 @@ def fork_run(request, fork_codes):
     return commit, _RUNS[commit]
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("fork-driver")]  # module fixtures: one worker
 
 
 def test_dsv4_pools_by_the_forks_configurator(fork_run):

@@ -31,7 +31,7 @@ from tests.live import live_util as lu
 from tests.live import trace_checks as tc
 from tests.sglang.hooks_util import identity_mismatches, ledger_mismatches
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.xdist_group("live-fork")]  # module fixtures: one worker
 
 SHARED = lu.REPO.parent / "shared" / "targets" / "bytedance-dsv4"
 POST659 = SHARED / "sglang-post659.tar.xz"
