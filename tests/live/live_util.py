@@ -59,19 +59,31 @@ def write_llama(model_dir: Path) -> Path:
 
 def write_mellum_swa(model_dir: Path, *, sliding_window_tokens: int = 32) -> Path:
     """A hybrid-SWA MellumForCausalLM config: 4 dense layers alternating sliding/full attention."""
+    return _write_hybrid_swa(model_dir, "MellumForCausalLM", "mellum", sliding_window_tokens, {})
+
+
+def write_laguna(model_dir: Path, *, sliding_window_tokens: int = 32) -> Path:
+    """The DeepSeek-V4 fork's tiny hybrid-SWA LagunaForCausalLM (its ``configs/laguna.py``): the
+    same 4 dense layers, with the ids and shared-expert size Laguna's config reads."""
+    return _write_hybrid_swa(model_dir, "LagunaForCausalLM", "laguna", sliding_window_tokens,
+                             {"pad_token_id": 3, "shared_expert_intermediate_size": 32})
+
+
+def _write_hybrid_swa(model_dir: Path, arch: str, model_type: str, window: int, extra: dict) -> Path:
     model_dir.mkdir(parents=True, exist_ok=True)
     layer_types = ["sliding_attention", "full_attention"] * 2
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     cfg = {
-        "architectures": ["MellumForCausalLM"], "model_type": "mellum", "hidden_size": 64,
+        "architectures": [arch], "model_type": model_type, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB,
         "max_position_embeddings": 2048, "torch_dtype": "float32", "rms_norm_eps": 1e-5,
         "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "tie_word_embeddings": False,
-        "layer_types": layer_types, "sliding_window": sliding_window_tokens,
+        "layer_types": layer_types, "sliding_window": window,
         "mlp_layer_types": ["dense"] * 4, "num_experts": 4, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32,
         "rope_parameters": {"full_attention": rope, "sliding_attention": rope},
+        **extra,
     }
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     write_tokenizer(model_dir)

@@ -45,28 +45,6 @@ def _skip_without_shared():
         pytest.skip(f"the fork's tarball is not here ({POST659}: ../shared is absent)")
 
 
-def write_laguna(model_dir: Path, *, sliding_window_tokens: int = 32) -> Path:
-    """The fork's tiny hybrid-SWA LagunaForCausalLM (its ``configs/laguna.py``): hidden 64,
-    4 dense layers alternating sliding/full attention."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    rope = {"rope_type": "default", "rope_theta": 10000.0}
-    cfg = {
-        "architectures": ["LagunaForCausalLM"], "model_type": "laguna", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": lu.VOCAB,
-        "max_position_embeddings": 2048, "torch_dtype": "float32", "rms_norm_eps": 1e-5,
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False,
-        "layer_types": ["sliding_attention", "full_attention"] * 2,
-        "sliding_window": sliding_window_tokens, "mlp_layer_types": ["dense"] * 4,
-        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-        "shared_expert_intermediate_size": 32,
-        "rope_parameters": {"full_attention": rope, "sliding_attention": rope},
-    }
-    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
-    lu.write_tokenizer(model_dir)
-    return model_dir
-
-
 def fork_env(extra: dict | None = None) -> dict:
     """The environment of a fork server process (the code's paths, then this repo, then the
     fork_site bootstrap), without any KVTRACE_* of the caller."""
@@ -117,7 +95,7 @@ def _drive(port: int) -> dict:
 
 def _serve(d: Path, how: str) -> dict:
     _skip_without_shared()
-    model = write_laguna(d / "model")
+    model = lu.write_laguna(d / "model")
     port = _port_below(55_000)
     trace = d / "trace"
     server = [str(lu.VENV_BIN / "python"), "-m", "sglang.launch_server", "--model-path", str(model),
