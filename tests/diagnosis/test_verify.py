@@ -172,4 +172,4 @@ def test_drops_in_the_middle_are_gaps_not_leaks(tmp_path):
     assert rep.verdict == "incomplete" and rep.totals["divergences"] == 0 and not rep.identity_violations
     assert rep.drop_gaps[0]["first_seq"] == seq
     res = CliRunner().invoke(main, ["verify", str(tr)])
-    assert res.exit_code == 1 and "events lost" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 1 and "1 event lost" in res.output and "Traceback" not in res.output  # (plural right)
