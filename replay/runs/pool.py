@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from replay.console import progress_stream
 from replay.runs.sweep import PARTIAL_DIR, _job_result
 from replay.runs.zygote import wait_readable
 
@@ -168,7 +169,7 @@ def _launcher(root: Path, backend: str):
             return ZygoteLauncher(root, backend)
         except ZygoteError as e:
             print(f"kvtrace sweep: the warm zygote {e} (see {root / PARTIAL_DIR / ZYGOTE_LOG}); "
-                  "starting a cold process per run", file=sys.stderr)
+                  "starting a cold process per run", file=progress_stream())  # the terminal, also while sglang output goes to the log
     return ColdLauncher()
 
 
@@ -209,7 +210,7 @@ def run_local(args, jobs: int):
                 running.clear()
                 launcher.stop()
                 print(f"kvtrace sweep: the warm zygote {e} (see {root / PARTIAL_DIR / ZYGOTE_LOG}); "
-                      "starting a cold process per run", file=sys.stderr)
+                      "starting a cold process per run", file=progress_stream())  # the terminal, also while sglang output goes to the log
                 launcher = ColdLauncher()
                 continue
             for key, status in done:

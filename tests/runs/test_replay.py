@@ -112,4 +112,4 @@ def test_cli_replay_json_and_errors(small_workload, tmp_path):
         assert r.exit_code == 2, r.output
         assert msg in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["replay", str(small_workload), "--out", str(tmp_path / "r")])
-    assert r.exit_code == 2 and "not an empty directory" in r.output
+    assert r.exit_code == 2 and "already exists" in r.output and "--force" in r.output
