@@ -44,7 +44,7 @@ fork-env: $(STAMP)
 	else echo "fork-env: $(SHARED)/targets/bytedance-dsv4 absent: the fork's environment is not prepared (tests/fork skip)"; fi
 
 test: $(STAMP) fork-env
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/tracer_overhead.py
