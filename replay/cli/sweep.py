@@ -20,7 +20,9 @@ from replay.console import third_party_to_log
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Environment of every code's process (repeatable); per grid point: --grid env.NAME=V1,V2.")
 @click.option("--grid", multiple=True, metavar="KNOB=V1,V2",
-              help="Knob values to cross with the policies (repeatable), e.g. --grid full_pool_tokens=65536,131072.")
+              help="Knob values to cross with the policies (repeatable), e.g. --grid full_pool_tokens=65536,131072; "
+                   "with --code, env.NAME=V1,V2 sets the SGLANG_*/KVTRACE_* switch NAME of the code's process per "
+                   "grid point (a level env.NAME=V).")
 @click.option("--set", "sets", multiple=True, metavar="KNOB=VALUE", help="Override applied to every run.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Sweep directory (re-running resumes: completed runs are skipped).")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -78,7 +79,8 @@ def _fmt(v: object) -> str:
 
 
 def parse_grid(items) -> list[tuple[str, list[object]]]:
-    """``k=v1,v2`` strings -> [(knob, [values])], each value checked against the knob table."""
+    """``k=v1,v2`` strings -> [(knob, [values])], each value checked against the knob table;
+    ``env.NAME=v1,v2`` (NAME an ``SGLANG_*``/``KVTRACE_*`` switch) -> [("env.NAME", [strings])]."""
     grid: list[tuple[str, list[object]]] = []
     for item in items:
         key, sep, raw = str(item).partition("=")
@@ -88,7 +90,7 @@ def parse_grid(items) -> list[tuple[str, list[object]]]:
         if key.startswith(ENV_PREFIX):
             if any(key == g for g, _ in grid):
                 raise RunError(f"--grid {key} given twice")
-            grid.append((key, [v.strip() for v in raw.split(",") if v.strip()]))
+            grid.append((key, _env_values(key, raw)))
             continue
         key = key.replace("-", "_")
         try:
@@ -100,6 +102,31 @@ def parse_grid(items) -> list[tuple[str, list[object]]]:
             raise RunError(f"--grid {key} given twice")
         grid.append((key, values))
     return grid
+
+
+def _env_values(key: str, raw: str) -> list[str]:
+    """The values of a grid key ``env.NAME`` (each one a hive level ``env.NAME=<v>``).
+
+    Raises:
+        RunError: NAME is not an ``SGLANG_*``/``KVTRACE_*`` switch, no value, a value given twice
+            or one that cannot name a directory.
+    """
+    name = key[len(ENV_PREFIX):]
+    if not re.fullmatch(r"(SGLANG|KVTRACE)_[A-Za-z0-9_]+", name):
+        raise RunError(f"--grid {key}: env.NAME sets a switch of the code's process, and NAME must be an SGLANG_* "
+                       f"or KVTRACE_* variable (letters, digits, '_'), e.g. "
+                       f"--grid env.SGLANG_SWA_EVICTION_INTERVAL_MULTIPLIER=1,2; got {name!r}")
+    values = [v.strip() for v in raw.split(",") if v.strip()]
+    if not values:
+        raise RunError(f"--grid {key}={raw}: expected {key}=v1,v2,...")
+    for v in values:
+        if not re.fullmatch(r"[A-Za-z0-9_.+:-]+", v) or v in (".", ".."):
+            raise RunError(f"--grid {key}={raw}: the value {v!r} cannot name the run's directory "
+                           f"({key}={v}); use letters, digits, '_', '.', '+', ':' or '-'")
+    dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if dup is not None:
+        raise RunError(f"--grid {key}={raw}: the value {dup!r} is given twice")
+    return values
 
 
 def plan(policies, grid, codes: dict[str, str] | None = None) -> list[RunSpec]:
