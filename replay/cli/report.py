@@ -41,3 +41,11 @@ def report(target: str, out: str, do_replay: bool, backend: str, resample: str, 
                f"{len(res['figures'])} figures" + (", replayed proof" if res["proof"] else ""))
     if res["proof"]:
         click.echo(f"proof: {res['proof']['conclusion']}")
+    for c in res.get("codes") or []:
+        where = f"code {c['name']}" + (f" ({c['run']})" if c.get("run") else "")
+        click.echo(f"{where}: " + (f"{c.get('target')}, spec {c.get('spec')}, fingerprint {c.get('fingerprint')}"
+                                   if c.get("status", "ok") == "ok" else f"failed: {c.get('error')}"))
+    if res.get("code_axis"):
+        ax = res["code_axis"]
+        click.echo(f"codes compared against {ax['base']} at each point of {' x '.join(['code', *ax['keys']])} "
+                   "(section 'Codes compared')")

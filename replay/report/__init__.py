@@ -7,8 +7,12 @@ document:
    primary trace (the recording when the directory has one, else the first run), with the
    replayed proof beside it (:mod:`replay.report.proof`: ``replay=True`` replays the trace under
    the recorded and the recommended settings; a directory of runs shows its runs);
-2. the evidence figures (:mod:`replay.report.figures`; an all-zero panel is a sentence);
-3. the details as HTML tables (:mod:`replay.report.tables`): each trace's summary, manifest
+2. the codes (:mod:`replay.report.codes`): a sweep with a ``code=`` level (``kvtrace sweep
+   --code``) gets the codes compared (base: the first code; code × policy × grid table of TTFT,
+   prefix hits, SWA used, shrunk admissions, retractions, and their bars); a run made with
+   ``--code`` is named by its code (spec, target, fingerprint);
+3. the evidence figures (:mod:`replay.report.figures`; an all-zero panel is a sentence);
+4. the details as HTML tables (:mod:`replay.report.tables`): each trace's summary, manifest
    and diagnosis.
 
 Workloads (request rows only: no ``pool`` or ``stats`` rows) are refused, naming what is missing.
@@ -42,7 +46,10 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
             (``backend``) for the proof beside the headline.
     Returns:
         ``{"out", "figures": [titles], "runs": [paths], "primary", "verdict", "primary_cause",
-        "recommended_sets", "proof": Proof.to_dict() or None, "diagnosis": bool, "notes"}``.
+        "recommended_sets", "proof": Proof.to_dict() or None, "diagnosis": bool, "notes", "codes",
+        "code_axis"}``: ``codes`` names each code (spec, target, fingerprint, sha; of a sweep's
+        ``code=`` level, else of every run made with ``--code``), ``code_axis`` is
+        :meth:`replay.report.codes.CodeAxis.to_dict` of a sweep with a ``code=`` level, else None.
     Raises:
         KvtraceError (TraceError, RunError): nothing readable, a workload, a trace that cannot be replayed.
     """
@@ -51,6 +58,7 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
     from replay.analysis.perfetto import require_memory_rows
     from replay.analysis.runs import SUMMARY_FILE, load_summary
     from replay.report import figures as F
+    from replay.report.codes import code_axis, code_axis_html, run_codes, run_codes_html
     from replay.report.headline import headline_html
     from replay.report.proof import replayed_proof, runs_proof, trace_column
     from replay.report.tables import diagnosis_tables, kv_table
@@ -76,7 +84,11 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
                            "stats rows); report needs recorded traces or runs (kvtrace record / kvtrace replay)")
     label = {p: (str(p.relative_to(target)) if p != target else p.name) for p in recorded}
     runs = [p for p in recorded if (p / SUMMARY_FILE).is_file()]
-    primary = next((p for p in recorded if p not in runs), next(iter(recorded)))
+    axis = code_axis(target, {p: recorded[p] for p in runs}) if runs and target not in runs else None
+    if axis is not None:  # the base code's runs first (they are the first column and, without a recording, primary)
+        rank = {Path(r["run"]).resolve(): i for i, r in enumerate(axis.rows)}
+        runs.sort(key=lambda p: rank.get(p.resolve(), len(rank)))
+    primary = next((p for p in recorded if p not in runs), runs[0] if runs else next(iter(recorded)))
     tr = recorded[primary]
 
     diags, diag_objs = {}, {}
@@ -110,13 +122,16 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
                 '<section class="headline"><p class="note">No diagnosis: '
                 + html.escape("; ".join(notes) or "skipped (--no-diagnosis)") + "</p></section>")
         body = "\n".join(_render(f) for f in figs)
+        by_run = run_codes({label[p]: recorded[p] for p in recorded})
+        codes_html = (code_axis_html(axis, _render(F.code_figure(axis))) if axis is not None else
+                      run_codes_html(by_run))
     sections = []
     for p, t in recorded.items():
         summary = load_summary(p) if p in runs else None
         sections.append(_details(label[p], t, summary, diags.get(p), kv_table, diagnosis_tables))
     page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly.offline.get_plotlyjs(),
                         target=html.escape(str(target)), headline=head, figures=body,
-                        notes="".join(f'<p class="note">{html.escape(n)}</p>' for n in notes),
+                        notes="".join(f'<p class="note">{html.escape(n)}</p>' for n in notes), codes=codes_html,
                         details="\n".join(sections))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
@@ -125,7 +140,9 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
     return {"out": str(out), "figures": [f.layout.title.text for f in figs], "runs": [str(r) for r in runs],
             "primary": str(primary), "verdict": diag.verdict if diag else None,
             "primary_cause": diag.primary_cause if diag else None, "recommended_sets": sets,
-            "proof": proof.to_dict() if proof is not None else None, "diagnosis": diag is not None, "notes": notes}
+            "proof": proof.to_dict() if proof is not None else None, "diagnosis": diag is not None, "notes": notes,
+            "codes": axis.codes if axis is not None else [c | {"run": r} for r, c in by_run.items()],
+            "code_axis": axis.to_dict() if axis is not None else None}
 
 
 def _evidence(F, tr, name, recorded, label, runs, resample) -> list:
@@ -200,6 +217,7 @@ details{{margin:8px 0}} summary{{cursor:pointer;font-weight:bold}}</style>
 <body><h1>kvtrace incident report</h1><p>Source: <code>{target}</code></p>
 {headline}
 {notes}
+{codes}
 <h2>Evidence</h2>
 {figures}
 <h2>Details</h2>

@@ -31,6 +31,7 @@ METRICS = {
     "ttft_p50_ms": ("TTFT p50 (ms)", 1), "ttft_p99_ms": ("TTFT p99 (ms)", 1), "queue_p99_ms": ("queue p99 (ms)", 1),
     "host_free_cpu_ns": ("host free CPU (ms)", 1e-6), "host_alloc_cpu_ns": ("host alloc CPU (ms)", 1e-6),
     "retractions": ("retractions (count)", 1), "swa_evicted_tokens": ("SWA evicted (tokens)", 1),
+    "finished": ("finished requests (count)", 1), "shrunk_admissions": ("shrunk admissions (count)", 1),
 }
 
 
@@ -247,6 +248,38 @@ def metric_bars(values: dict, metrics, title: str):
     fig.update_xaxes(tickangle=-90 if len(labels) > 3 else 0, automargin=True, title_text="run")
     fig.update_layout(title=title, height=380 + 14 * lines + (60 if len(labels) > 3 else 0),
                       meta={"notes": [f"{METRICS.get(m, (m,))[0]}: 0 in every run." for m in zero]})
+    return fig
+
+
+def code_figure(axis, metrics=("finished", "ttft_p99_ms", "prefix_hit_ratio", "peak_swa_used", "shrunk_admissions",
+                              "retractions"), title: str = "Codes side by side"):
+    """Codes compared (a :class:`replay.report.codes.CodeAxis`): one bar panel per metric, one
+    group per point (policy and grid values), one bar per code (the code's colour, base first); a
+    metric that is 0 in every run becomes a sentence (``notes``)."""
+    points = axis.points()
+    labels = [wrap_label(", ".join(str(v) if k == "policy" else f"{k}={v}" for k, v in zip(axis.keys, pt)) or "run",
+                         14) for pt in points]
+    vals = {m: {c: [axis.value(c, pt, m) for pt in points] for c in axis.names} for m in metrics}
+    present = [m for m in metrics if any(v is not None for ys in vals[m].values() for v in ys)]
+    zero = [m for m in present if not any(v for ys in vals[m].values() for v in ys if v is not None)]
+    shown = [m for m in present if m not in zero]
+    if not shown:
+        return empty_figure(title, "Every compared figure is 0 for every code: "
+                                   + ", ".join(METRICS.get(m, (m,))[0] for m in present) + ".")
+    fig = make_subplots(rows=1, cols=len(shown), horizontal_spacing=0.35 / max(len(shown), 1) + 0.03,
+                        subplot_titles=[METRICS.get(m, (m, 1))[0] for m in shown])
+    for i, m in enumerate(shown, start=1):
+        scale = METRICS.get(m, (m, 1))[1]
+        for j, code in enumerate(axis.names):
+            ys = [None if v is None else v * scale for v in vals[m][code]]
+            fig.add_trace(go.Bar(x=labels, y=ys, name=code, legendgroup=code, showlegend=i == 1,
+                                 marker={"color": run_style(j)["color"]}), row=1, col=i)
+        fig.update_yaxes(title_text=METRICS.get(m, (m,))[0], title_standoff=2, row=1, col=i)
+    lines = max((w.count("<br>") + 1 for w in labels), default=1)
+    fig.update_xaxes(tickangle=-90 if len(labels) > 3 else 0, automargin=True, title_text="policy, grid point")
+    fig.update_layout(title=title, barmode="group", legend_title_text="code",
+                      height=380 + 14 * lines + (60 if len(labels) > 3 else 0),
+                      meta={"notes": [f"{METRICS.get(m, (m,))[0]}: 0 for every code." for m in zero]})
     return fig
 
 
