@@ -30,7 +30,7 @@ from replay.knobs import BACKENDS
 def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sglang",
                     overrides: tuple[str, ...] = (), detail: str = "counts", progress: bool = False,
                     flush_interval_ms: int = 1000, check_integrity_every: int = 0,
-                    incident: str = "", incident_every: int = 7) -> dict:
+                    incident: str = "", incident_every: int = 7, code=None, env=()) -> dict:
     """Record ``workload`` through ``backend`` into the trace directory ``out``.
 
     The command-line checks (settings, output directory, workload) before the backend's own
@@ -50,6 +50,11 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
         incident: plant a bug reproduction of ``replay.backends.sglang.incidents`` ("" = none;
             sglang backend only).
         incident_every: the planted bug fires on every N-th eligible call.
+        code: record on this code (``SPEC`` or ``NAME=SPEC``, or a resolved
+            :class:`replay.runs.code.Code`): in the code's own process, on its target's backend
+            (:func:`replay.runs.code.record_code`); None or ``installed``: the installed sglang here.
+        env: ``K=V`` strings or a dict for the code's process, over the workload's recorded
+            ``SGLANG_*`` switches (with a code only).
     Returns:
         the ``backend.json`` object: settings, patches, run summary, hook failures, trace path.
     Raises:
@@ -66,6 +71,14 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
 
     if backend not in BACKENDS:
         raise KvtraceError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if code is not None or env:
+        from replay.runs.code import one_code
+
+        resolved = one_code(code, env)
+        if not resolved.installed:
+            return _record_code(workload, Path(out), resolved, backend=backend, overrides=overrides, detail=detail,
+                                progress=progress, check_integrity_every=check_integrity_every,
+                                incident=incident, env=env)
     if incident and backend != "sglang":
         raise KvtraceError(f"--incident {incident}: bugs are planted in the real sglang classes; "
                            "use --backend sglang")
@@ -111,6 +124,11 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
                "end_state": "crashed" if failed is not None else "complete"}
     if incident:
         summary["incident"] = {"name": incident, "every": incident_every, **rec.incident}
+    return _finish(workload, out, summary, failed)
+
+
+def _finish(workload, out: Path, summary: dict, failed: BaseException | None = None) -> dict:
+    """Write ``backend.json``; refuse a recording in which every request was aborted."""
     try:
         _write_json_atomic(out / "backend.json", summary)
     except OSError as e:
@@ -118,13 +136,32 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
                             + ("" if failed is None else f"; the recording failed too: {failed}")) from None
     if failed is not None:
         raise failed
-    result = rec.result
-    if result.num_requests and not result.num_finished:
-        raise KvtraceError(f"--workload {workload}: all {result.num_requests} requests were aborted "
-                           f"({result.num_aborted} too long or unschedulable with these settings); "
+    result = summary["result"]
+    if result["num_requests"] and not result["num_finished"]:
+        raise KvtraceError(f"--workload {workload}: all {result['num_requests']} requests were aborted "
+                           f"({result['num_aborted']} too long or unschedulable with these settings); "
                            "expected pools and limits that can serve at least one request (see "
                            f"{out / 'backend.json'})")
     return summary
+
+
+def _record_code(workload, out: Path, code, *, backend: str, overrides, detail: str, progress: bool,
+                 check_integrity_every: int, incident: str, env) -> dict:
+    """``record_workload`` on a code of its own process: the same checks, then
+    :func:`replay.runs.code.record_code`, then ``backend.json``."""
+    from replay.runs.code import record_code
+
+    refused = [(backend != "sglang", f"--backend {backend}", "a code runs on its target's own backend (fork)"),
+               (bool(incident), f"--incident {incident}", "bugs are planted in the installed sglang's classes"),
+               (bool(check_integrity_every), f"--check-every {check_integrity_every}",
+                "the fork backend does not check the identity while it runs (kvtrace verify checks the trace)")]
+    for given, what, why in refused:
+        if given:
+            raise KvtraceError(f"{what} with --code {code.name}: {why}")
+    check_out_dir(out, "--out")
+    _validate_workload(workload)
+    summary = record_code(workload, out, code, overrides=overrides, env=env, detail=detail, progress=progress)
+    return _finish(workload, out, summary)
 
 
 def _bar_update(bar):

@@ -19,9 +19,16 @@ from replay.cli.text import plural
 @click.option("--replay", "do_replay", is_flag=True,
               help="Re-run the trace's workload under the recorded and the recommended settings "
                    "(real sglang backend) and say whether the growth disappears.")
+@click.option("--code", "code", default=None, metavar="SPEC",
+              help="With --replay: re-run on this code, in its own process (a tarball, a directory holding "
+                   "python/sglang or sglang/, sglang==X); its policy knobs are its own, so only the "
+                   "recommended SGLANG_* switches are applied. See docs/diagnosis.md.")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="With --replay --code: environment of the code's process over the recorded switches (repeatable).")
 @click.option("--verbose", is_flag=True, help="With --replay: show sglang's log lines and warnings on the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def doctor(trace: str, rank: int, do_replay: bool, verbose: bool, as_json: bool) -> None:
+def doctor(trace: str, rank: int, do_replay: bool, code: str | None, env: tuple[str, ...], verbose: bool,
+           as_json: bool) -> None:
     """Explain SWA growth and leaks in TRACE: identity violations, growth trend, who holds SWA
     outside the window and why, and the knobs that stop it (less those already recorded).
 
@@ -29,7 +36,7 @@ def doctor(trace: str, rank: int, do_replay: bool, verbose: bool, as_json: bool)
     """
     from replay.diagnosis.doctor import doctor as run
 
-    rep = run(trace, rank=rank, replay=do_replay, progress=not as_json, verbose=verbose)
+    rep = run(trace, rank=rank, replay=do_replay, progress=not as_json, verbose=verbose, code=code, env=env)
     if as_json:
         click.echo(json.dumps(rep.to_dict(), indent=1, default=str))
     else:

@@ -1,16 +1,20 @@
 """Prepare a code (an sglang source tree) to run on CPU: unpacked once, cached by content.
 
 A *code spec* is a tarball holding ``python/sglang`` (``.tar.xz``, ``.tar.gz``, ``.tgz``,
-``.tar``; the shared ``sglang-pre659.tar.xz`` / ``sglang-post659.tar.xz``) or a directory holding
-``python/sglang`` or ``sglang/``. :func:`prepare` gives a :class:`CodeEnv`:
+``.tar``; the shared ``sglang-pre659.tar.xz`` / ``sglang-post659.tar.xz``), a directory holding
+``python/sglang`` or ``sglang/``, or ``sglang==X`` (a PyPI release). :func:`prepare` gives a
+:class:`CodeEnv`:
 
 - **code dir**: a tarball is unpacked into ``<cache>/code/<sha256[:16]>/`` (key: the tarball's
-  bytes), once; a directory is used in place, keyed by a hash of its ``sglang`` tree's files.
+  bytes), once; a directory is used in place, keyed by a hash of its ``sglang`` tree's files; a
+  release's wheel is downloaded with pip and unpacked the same way, keyed by the wheel's bytes
+  (:mod:`replay.codes.pypi`; ``<cache>/pypi/sglang-X.json`` finds it again without the network).
 - **overlay**: the light pins the code needs that the main venv does not match
   (:func:`overlay_pins`: the code's ``transformers==X`` pin from its ``pyproject.toml`` with the
   companions :data:`COMPANION_PINS` lists), installed with the venv's own pip
   ``install --no-deps --target <cache>/overlay/<sha256(pins)[:16]>/`` once and shared by every
-  code with the same pins. torch stays the venv's.
+  code with the same pins. torch stays the venv's. A release's wheel has no ``pyproject.toml``,
+  so it gets no overlay (its ``METADATA`` pins are not read).
 
 ``<cache>`` is ``$KVTRACE_CODES_DIR``, else ``.kvtrace-codes/`` in the repository root
 (git-ignored). Entries are made in a temporary sibling and renamed into place, so a killed
@@ -211,26 +215,29 @@ def prepare(spec: str | os.PathLike, *, pins: tuple[str, ...] | None = None) -> 
     """Prepare ``spec`` (see the module docstring); cheap when already prepared.
 
     Args:
-        spec: tarball or directory.
+        spec: tarball, directory or ``sglang==X``.
         pins: the overlay's pins; default :func:`overlay_pins` of the code.
     Returns:
         :class:`CodeEnv`.
     Raises:
-        CodePrepareError: the spec does not exist, holds no sglang, or pip fails.
+        CodePrepareError: the spec does not exist, holds no sglang, or pip fails (a release pip
+            cannot download, an overlay pin).
     """
+    from replay.codes import pypi
+
     t0 = time.perf_counter()
     text = str(spec)
-    if re.match(r"^sglang==", text):
-        raise CodePrepareError(f"{text}: PyPI releases as codes are not supported yet; give a tarball or "
-                               "a directory holding python/sglang")
-    path = Path(text).expanduser()
-    if not path.exists():
-        raise CodePrepareError(f"{text}: no such file or directory (expected a tarball or a directory "
-                               "holding python/sglang or sglang/)")
-    path = path.resolve()
     root = cache_root()
     steps = {}
-    if _is_tarball(path):
+    version = pypi.release_version(text)
+    path = Path(text).expanduser()
+    if version is not None:
+        python_dir, sha, code_cached, steps = pypi.prepare_release(version, root)
+    elif not path.exists():
+        raise CodePrepareError(f"{text}: no such file or directory (expected a tarball or a directory "
+                               "holding python/sglang or sglang/)")
+    elif _is_tarball(path.resolve()):
+        path = path.resolve()
         t = time.perf_counter()
         sha = _sha_file(path)[:16]
         steps["hash_s"] = round(time.perf_counter() - t, 4)
@@ -243,6 +250,7 @@ def prepare(spec: str | os.PathLike, *, pins: tuple[str, ...] | None = None) -> 
             python_dir = _unpack(path, dest)
             steps["unpack_s"] = round(time.perf_counter() - t, 3)
     elif path.is_dir():
+        path = path.resolve()
         python_dir = _python_dir_of(path)
         if python_dir is None:
             raise CodePrepareError(f"{text}: a directory without python/sglang/__init__.py or sglang/__init__.py")

@@ -121,7 +121,7 @@ class DoctorReport:
 
 
 def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False,
-           verbose: bool = False) -> DoctorReport:
+           verbose: bool = False, code=None, env=()) -> DoctorReport:
     """Diagnose ``trace`` (a directory or an opened Trace); see the module docstring.
 
     Args:
@@ -129,10 +129,23 @@ def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False
             recommended ones (``replay.diagnosis.rerun``) and say whether the growth disappears.
         verbose: with ``replay``, let sglang's log lines and warnings through to the terminal
             (otherwise they go to a log file, named in ``replay["log"]``).
+        code: with ``replay``, re-run on this code (``SPEC`` or ``NAME=SPEC``) in its own process
+            (``replay.diagnosis.rerun``: its policy knobs are its own; recommended switches apply).
+        env: with ``replay`` and ``code``, ``K=V`` for the code's process over the recorded switches.
     Raises:
-        DiagnosisError: no ``stats`` rows; TraceError: unreadable trace.
+        DiagnosisError: no ``stats`` rows; TraceError: unreadable trace; RunError: ``code``/``env``
+            without ``replay``, or a code that cannot be prepared or matched (before any diagnosis).
     """
     from replay.trace import Trace, open_trace
+
+    resolved = None
+    if code is not None or env:
+        from replay.runs.code import one_code
+        from replay.runs.replay import RunError
+
+        if not replay:
+            raise RunError("--code/--env apply to the re-runs of --replay; add --replay")
+        resolved = one_code(code, env)
 
     tr = trace if isinstance(trace, Trace) else open_trace(trace)
     server = tr.manifest.get("server") or {}
@@ -153,7 +166,7 @@ def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False
     if replay:
         from replay.diagnosis.rerun import replay_compare
 
-        rep.replay = replay_compare(tr, rep, progress=progress, verbose=verbose)
+        rep.replay = replay_compare(tr, rep, progress=progress, verbose=verbose, code=resolved, env=env)
     return rep
 
 

@@ -1,10 +1,15 @@
-"""Runs on a *code*: ``replay(..., code=SPEC)``, ``kvtrace replay/sweep --code SPEC``.
+"""Runs on a *code*: ``replay_run(..., code=SPEC)``, ``kvtrace replay/sweep/record --code SPEC``,
+``kvtrace doctor --replay --code SPEC``.
 
-A code is an sglang source tree: a tarball like those in ``../shared/targets/`` or a directory
-holding ``python/sglang`` or ``sglang/`` (:func:`replay.codes.prepare`: unpacked once, cached by
-content, light pins in an overlay), or ``installed`` (the venv's sglang 0.5.23, run in-process: the
-default). ``sglang==X`` is the installed release when X is its version; other PyPI releases are
-refused (not implemented).
+A code is an sglang source tree: a tarball like those in ``../shared/targets/``, a directory
+holding ``python/sglang`` or ``sglang/``, or a PyPI release ``sglang==X`` (its wheel;
+:func:`replay.codes.prepare`: unpacked once, cached by content, light pins in an overlay), or
+``installed`` (the venv's sglang 0.5.23, run in-process: the default). ``sglang==X`` is the
+installed sglang when X is its version.
+
+:func:`one_code` resolves the one code of a run; :func:`record_on_code` is the one call into a
+code's process, shared by :func:`replay_code` (``replay``, ``sweep``) and :func:`record_code`
+(``record``, and ``doctor --replay``, which records through ``replay.record.record_workload``).
 
 A code that is not ``installed`` runs in its own process (:func:`replay.codes.call_in_code`), on
 the replay backend of its target, recognized from its code (``tracer.sglang.targets.detect``,
@@ -30,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -48,6 +54,10 @@ FORK_REFUSED = {"tree_core": "the fork's tree is pure Python (no Rust core)",
                 "scheduler": "the fork backend drives the fork's own Scheduler",
                 "swa_eviction_interval_tokens": "the fork's decode release cadence is the window times "
                                                 "SGLANG_SWA_EVICTION_INTERVAL_MULTIPLIER (use --env)"}
+#: a policy knob's value a code has its own switch for: (knob, value) -> (SGLANG_* name, value); used
+#: where a recommendation names the knob (``doctor --replay --code``) and the code defines the switch
+CODE_SWITCHES = {("swa_out_of_window_release", "decode_and_unfinished_insert"):
+                 ("SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS", "1")}
 #: the knobs whose values reach the code (recorded in the run's settings)
 CODE_KNOBS = tuple(k.name for k in knobs.KNOBS if k.name not in POLICY_KNOBS + tuple(FORK_REFUSED))
 
@@ -132,12 +142,9 @@ def resolve_code(spec: str, name: str | None = None) -> Code:
 
     name = name or default_name(spec)
     m = re.fullmatch(r"sglang==(\S+)", spec)
-    if spec in (INSTALLED, "") or m:
-        det = detect()
-        if m and m.group(1) != (det.sglang_version or ""):
-            raise RunError(f"code {name} ({spec}): only the installed sglang ({det.sglang_version}) can be named "
-                           f"as sglang==X; other PyPI releases are not supported yet: give a tarball or a "
-                           f"directory holding python/sglang")
+    installed = detect() if spec in (INSTALLED, "") or m else None
+    if installed is not None and (not m or m.group(1) == (installed.sglang_version or "")):
+        det = installed
         if det.target is None:
             raise RunError(f"code {name} ({spec}): the installed sglang is no known target: {det.reason}")
         return Code(name, spec, "", det.target_name, det.fingerprint or "", det.fingerprint_known, det.reason)
@@ -149,15 +156,66 @@ def resolve_code(spec: str, name: str | None = None) -> Code:
     if det.target is None:
         raise RunError(f"code {name} ({spec}): {det.reason}")
     if not det.target_name.startswith("bytedance-dsv4"):
-        raise RunError(f"code {name} ({spec}) is {det.target_name}, which runs in-process only: "
-                       f"use --code {INSTALLED} (no replay backend runs it in a separate process yet)")
+        raise RunError(f"code {name} ({spec}) is {det.target_name} ({det.reason}), which runs in-process only as "
+                       f"the installed sglang: use --code {INSTALLED} (no replay backend runs it in a separate "
+                       f"process yet)")
     return Code(name, spec, env.sha, det.target_name, det.fingerprint or "", det.fingerprint_known, det.reason,
                 env)
 
 
-def code_settings(source: str | Path, policy: str, sets=()) -> tuple[dict, list[str]]:
+def one_code(code: str | Code | None, env=()) -> Code | None:
+    """The one code of a run (``SPEC`` or ``NAME=SPEC``; ``replay``, ``record``, ``doctor --replay``),
+    resolved; None without ``--code`` (the installed sglang, in this process, as ``installed`` is:
+    check :attr:`Code.installed`).
+
+    Raises:
+        RunError: several codes, a spec that cannot be prepared or matched (:func:`resolve_code`),
+            or ``env`` without a code of its own process.
+    """
+    resolved = code
+    if code is not None and not isinstance(code, Code):
+        named = parse_codes(str(code))
+        if len(named) != 1:
+            raise RunError(f"--code {code!r}: one code per run (a sweep takes several: kvtrace sweep --code ...)")
+        ((name, spec),) = named.items()
+        resolved = resolve_code(spec, name)
+    if parse_env(env) and (resolved is None or resolved.installed):
+        raise RunError("--env applies to a code's own process; the installed sglang runs in this process "
+                       "(its switches come from the policy knobs): give --code SPEC")
+    return resolved
+
+
+def check_code_sets(overrides: dict) -> None:
+    """Refuse knobs a code run cannot take: a policy knob (a commit is its own behaviour) or one
+    the fork backend cannot express (:data:`FORK_REFUSED`), naming the knob."""
+    for name in overrides:
+        if name in POLICY_KNOBS:
+            raise RunError(f"{name} cannot be set on a code: a commit is its own behaviour (no patch); "
+                           "compare codes, or set the code's own switch with --env (e.g. "
+                           "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS=1)")
+        if name in FORK_REFUSED:
+            raise RunError(f"{name} cannot be expressed by the fork backend: {FORK_REFUSED[name]}")
+
+
+def code_switch(code: Code, knob: str, value) -> tuple[str, str] | None:
+    """The code's own switch for ``knob=value`` (:data:`CODE_SWITCHES`) when the code defines it
+    (its ``sglang/srt/environ.py`` names it; files only), else None."""
+    switch = CODE_SWITCHES.get((knob, str(value)))
+    if switch is None or code.env is None:
+        return None
+    environ = Path(code.env.python_dir) / "sglang" / "srt" / "environ.py"
+    try:
+        return switch if switch[0] in environ.read_text(errors="replace") else None
+    except OSError:
+        return None
+
+
+def code_settings(source: str | Path, policy: str, sets=(), *, base: dict | None = None) -> tuple[dict, list[str]]:
     """Knob values of a code run: ``recorded`` sizes with ``sets`` over them (see module doc).
 
+    Args:
+        base: the knob values under ``sets``; None: what ``source``'s manifest records (``replay``;
+            ``record`` gives ``{}``: the knob defaults, as on the installed sglang).
     Raises:
         RunError: another preset than ``recorded``, a policy knob or a knob the fork cannot express set.
     """
@@ -166,24 +224,22 @@ def code_settings(source: str | Path, policy: str, sets=()) -> tuple[dict, list[
     if policy != "recorded":
         raise RunError(f"policy {policy!r} on a code: a commit is its own behaviour, so a code run takes "
                        "policy 'recorded' only (its sizes from --set/--grid, its switches from --env)")
-    overrides = dict(sets) if isinstance(sets, dict) else knobs.parse_sets(sets)
-    for name in overrides:
-        if name in POLICY_KNOBS:
-            raise RunError(f"{name} cannot be set on a code: a commit is its own behaviour (no patch); "
-                           "compare codes, or set the code's own switch with --env (e.g. "
-                           "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS=1)")
-        if name in FORK_REFUSED:
-            raise RunError(f"{name} cannot be expressed by the fork backend: {FORK_REFUSED[name]}")
+    try:
+        overrides = dict(sets) if isinstance(sets, dict) else knobs.parse_sets(sets)
+    except knobs.KnobError as e:
+        raise RunError(str(e)) from None
+    check_code_sets(overrides)
     try:
         manifest = read_manifest(Path(source))
-        values, assumed = knobs.resolve("recorded", overrides, knobs.recorded_settings(manifest))
+        from replay.backends.dsv4 import recorded_settings  # DSV4 captures: their stack's facts
+
+        recorded = recorded_settings(source, manifest) if base is None else dict(base)
+        values, assumed = knobs.resolve("recorded", overrides, recorded)
     except knobs.KnobError as e:
         raise RunError(str(e)) from None
     except Exception as e:
         raise RunError(f"{source}: cannot read its manifest.json ({e}); expected a trace or workload directory") from None
-    from replay.backends.fork.backend import is_dsv4_manifest
-
-    kind = os.environ.get("KVTRACE_FORK_MODEL") or ("dsv4" if is_dsv4_manifest(manifest) else "")
+    kind = os.environ.get("KVTRACE_FORK_MODEL") or ("dsv4" if values.get("kv_stack") == "dsv4" else "")
     if kind == "dsv4" and "page_size" in overrides and overrides["page_size"] != 256:
         raise RunError(f"page_size={overrides['page_size']} on a DeepSeek-V4 code: the fork forces page 256")
     return values, [a for a in assumed if a not in POLICY_KNOBS]
@@ -208,19 +264,78 @@ def replay_code(source: str | Path, out: str | Path, code: Code | str, *, policy
         RunError: bad spec, policy, knob, source or output directory; the code's process failed
             (the message names the code and the error; its stderr tail is in ``out/code.log``).
     """
-    from replay.codes import CodeCallError, call_in_code
-    from replay.backends.base import RecordedRun, RequestTimes, RunResult
-
     source, out = Path(source), Path(out)
     code = code if isinstance(code, Code) else resolve_code(code)
     values, assumed = code_settings(source, policy, sets)
     if out.exists() and (not out.is_dir() or any(p.name != "sglang.log" for p in out.iterdir())):
         raise RunError(f"{out}: exists and is not an empty directory; choose a new --out")
     proc_env = recorded_env(source) | parse_env(env)
-    reaching = {k: values[k] for k in CODE_KNOBS if k in values}
-    run_block = {"policy": policy, "backend": "fork", "source": str(source), "settings": reaching,
+    run_block = {"policy": policy, "backend": "fork", "source": str(source), "settings": reaching_settings(values),
                  "assumed": assumed, "code": code.as_dict(), "env": proc_env,
                  "policy_knobs": "the code's own (no patch)"}
+    rec, data = record_on_code(code, source, out, values, run_block, env=proc_env, detail=detail,
+                               progress=progress, timeout_s=timeout_s)
+    summary = _summarize(out, rec, run_block)
+    summary = RunSummary.from_dict(summary.to_dict() | {"code": code.as_dict() | {"kind": data["kind"],
+                                                                                 "pools": data["pools"]},
+                                                         "env": proc_env})
+    _write_json(out / SUMMARY_FILE, summary.to_dict())
+    return summary
+
+
+def record_code(workload: str | Path, out: str | Path, code: Code, *, overrides=(), env=(), detail: str = "counts",
+                progress: bool = False, timeout_s: float | None = None) -> dict:
+    """``kvtrace record --code``: record ``workload`` on ``code`` into the trace ``out``.
+
+    Settings as on the installed sglang: the knob defaults with ``overrides`` over them (a policy
+    knob refused, see :func:`code_settings`); environment: the workload's recorded ``SGLANG_*``
+    switches, then ``env``. The manifest's ``run`` block says ``command: record`` with the code,
+    the env and the settings that reached the code.
+
+    Returns:
+        the ``backend.json`` object (the caller writes it): ``backend: fork``, ``settings``,
+        ``code`` (with the model ``kind`` and the ``pools`` built), ``env``, ``result``, ...
+    Raises:
+        RunError: a knob a code cannot take, or the code's process failed (see :func:`record_on_code`).
+    """
+    import dataclasses
+
+    values, _ = code_settings(workload, "recorded", overrides, base={})
+    proc_env = recorded_env(workload) | parse_env(env)
+    reaching = reaching_settings(values)
+    run_block = {"command": "record", "backend": "fork", "source": str(workload), "settings": reaching,
+                 "code": code.as_dict(), "env": proc_env, "policy_knobs": "the code's own (no patch)"}
+    rec, data = record_on_code(code, workload, out, values, run_block, env=proc_env, detail=detail,
+                               progress=progress, timeout_s=timeout_s)
+    return {"trace": str(out), "workload": str(workload), "backend": "fork", "sglang_version": code.target,
+            "settings": reaching, "patches": [], "code": code.as_dict() | {"kind": data["kind"], "pools": data["pools"]},
+            "env": proc_env, "coverage": data.get("coverage"), "hook_failures": rec.hook_failures,
+            "result": dataclasses.asdict(rec.result), "end_state": "complete"}
+
+
+def reaching_settings(values: dict) -> dict:
+    """The knob values that reach a code (:data:`CODE_KNOBS`; the run's recorded settings)."""
+    return {k: values[k] for k in CODE_KNOBS if k in values}
+
+
+def record_on_code(code: Code, source: str | Path, out: str | Path, values: dict, run_block: dict, *,
+                   env: dict, detail: str = "counts", progress: bool = False, timeout_s: float | None = None):
+    """Record ``source``'s requests on ``code`` into the trace ``out``, in the code's own process
+    (``replay.backends.fork.backend:record``), with ``run_block`` as the manifest's ``run`` and
+    ``env`` over this process's environment. The one code-process call of ``replay``, ``sweep``,
+    ``record`` and ``doctor --replay``.
+
+    Returns:
+        (:class:`replay.backends.base.RecordedRun`, the process's JSON result: ``kind``, ``pools``,
+        ``target``, ``coverage``, ...).
+    Raises:
+        RunError: the code's process failed (the message names the code and the error; its
+            traceback and stderr tail are in ``out/code.log``) or ran another target.
+    """
+    from replay.backends.base import RecordedRun, RequestTimes, RunResult
+    from replay.codes import CodeCallError, call_in_code
+
+    source, out = Path(source), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prog_path = Path(tempfile.mkdtemp(prefix="kvtrace-code-progress-")) / "progress.json"
     kwargs = {"source": str(source.resolve()), "out": str(out.resolve()), "settings": values, "detail": detail,
@@ -229,7 +344,7 @@ def replay_code(source: str | Path, out: str | Path, code: Code | str, *, policy
 
     def call() -> None:
         try:
-            box["run"] = call_in_code(code.env, "replay.backends.fork.backend:record", kwargs, env=proc_env,
+            box["run"] = call_in_code(code.env, "replay.backends.fork.backend:record", kwargs, env=env,
                                       timeout_s=timeout_s)
         except BaseException as e:  # noqa: BLE001 - reported below
             box["error"] = e
@@ -245,6 +360,7 @@ def replay_code(source: str | Path, out: str | Path, code: Code | str, *, policy
     finally:
         if bar is not None:
             bar.close()
+        shutil.rmtree(prog_path.parent, ignore_errors=True)
     err = box.get("error")
     if err is not None:
         if isinstance(err, CodeCallError):
@@ -259,12 +375,7 @@ def replay_code(source: str | Path, out: str | Path, code: Code | str, *, policy
                       times={int(k): RequestTimes(**v) for k, v in data["times"].items()},
                       sched_cpu_ns=int(data["sched_cpu_ns"]), wall_ns=int(data["wall_ns"]),
                       first_arrival_ns=int(data["first_arrival_ns"]), hook_failures=data["hook_failures"])
-    summary = _summarize(out, rec, run_block)
-    summary = RunSummary.from_dict(summary.to_dict() | {"code": code.as_dict() | {"kind": data["kind"],
-                                                                                 "pools": data["pools"]},
-                                                         "env": proc_env})
-    _write_json(out / SUMMARY_FILE, summary.to_dict())
-    return summary
+    return rec, data
 
 
 def _bar(name: str):
@@ -286,5 +397,6 @@ def _draw(bar, path: Path) -> None:
     bar.update(done - bar.n)
 
 
-__all__ = ["CODE_KNOBS", "Code", "FORK_REFUSED", "INSTALLED", "POLICY_KNOBS", "code_settings", "default_name",
-           "parse_codes", "parse_env", "recorded_env", "replay_code", "resolve_code"]
+__all__ = ["CODE_KNOBS", "CODE_SWITCHES", "Code", "FORK_REFUSED", "INSTALLED", "POLICY_KNOBS", "check_code_sets", "code_settings", "code_switch",
+           "default_name", "one_code", "parse_codes", "parse_env", "reaching_settings", "record_code", "record_on_code",
+           "recorded_env", "replay_code", "resolve_code"]

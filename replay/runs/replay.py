@@ -124,7 +124,9 @@ def resolve_settings(source: str | Path, policy: str, sets=(), backend: str = "s
     except Exception as e:
         raise RunError(f"{source}: cannot read its manifest.json ({e}); expected a trace or workload directory") from None
     try:
-        values, assumed = knobs.resolve(policy, sets, knobs.recorded_settings(manifest))
+        from replay.backends.dsv4 import recorded_settings  # DSV4 captures: their stack's facts
+
+        values, assumed = knobs.resolve(policy, sets, recorded_settings(source, manifest))
         knobs.check_backend(values, backend)
     except knobs.KnobError as e:
         raise RunError(str(e)) from None
@@ -154,20 +156,13 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
         RunError: bad source, policy, setting, backend or output directory.
     """
     source, out = Path(source), Path(out)
-    if code is not None:
+    if code is not None or env:
         from replay.runs import code as code_runs
 
-        named = code_runs.parse_codes(str(code))  # SPEC or NAME=SPEC
-        if len(named) != 1:
-            raise RunError(f"--code {code!r}: one code per run (a sweep takes several: kvtrace sweep --code ...)")
-        ((name, spec),) = named.items()
-        resolved = code_runs.resolve_code(spec, name)
+        resolved = code_runs.one_code(code, env)  # SPEC or NAME=SPEC; --env only with a code of its own
         if not resolved.installed:
             return code_runs.replay_code(source, out, resolved, policy=policy, sets=sets, env=env, detail=detail,
                                          progress=progress)
-        if env:
-            raise RunError("--env applies to a code's own process; the installed sglang runs in this process "
-                           "(its switches come from the policy knobs)")
     values, assumed = resolve_settings(source, policy, sets, backend)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(f"{out}: exists and is not an empty directory; choose a new --out")

@@ -134,7 +134,7 @@ def test_bad_specs_and_settings_are_refused_naming_what_failed(tmp_path):
     cases = [
         (dict(code=str(tmp_path / "nope.tar.xz")), "cannot prepare .*nope.tar.xz: no such file"),
         (dict(code=str(tmp_path / "empty")), "without python/sglang"),
-        (dict(code="sglang==0.0.1"), "only the installed sglang"),
+        (dict(code="sglang==banana"), "cannot prepare sglang==banana: expected sglang==VERSION"),
         (dict(code=post, policy="baseline"), "policy 'baseline' on a code"),
         (dict(code=post, sets={"swa_admission": "shrink_always"}), "swa_admission cannot be set on a code"),
         (dict(code=post, sets={"tree_core": "rust"}), "tree_core cannot be expressed by the fork backend"),
