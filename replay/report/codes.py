@@ -271,7 +271,7 @@ def code_axis_html(axis: CodeAxis, figure_html: str = "") -> str:
     e = html.escape
     crossed = " × ".join(["code"] + axis.keys)
     parts = ["<h2>Codes compared</h2>",
-             f'<p class="note">{len(axis.names)} code(s), each run on its own process ({e(crossed)}); base '
+             f'<p class="note">{len(axis.names)} code(s), each run in its own process ({e(crossed)}); base '
              f'<b>{e(axis.base)}</b>: changes are against its run at the same policy and grid point '
              "(as <code>kvtrace compare</code> gives them).</p>"]
     rows = [[c["name"] + (" (base)" if c["name"] == axis.base else ""), c.get("spec") or "—",

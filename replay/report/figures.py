@@ -257,8 +257,11 @@ def code_figure(axis, metrics=("finished", "ttft_p99_ms", "prefix_hit_ratio", "p
     group per point (policy and grid values), one bar per code (the code's colour, base first); a
     metric that is 0 in every run becomes a sentence (``notes``)."""
     points = axis.points()
-    labels = [wrap_label(", ".join(str(v) if k == "policy" else f"{k}={v}" for k, v in zip(axis.keys, pt)) or "run",
-                         14) for pt in points]
+    # label the points by what varies among them (one varying key: its values, the key on the axis)
+    vary = [i for i, _ in enumerate(axis.keys) if len({pt[i] for pt in points}) > 1] or [0][:len(axis.keys)]
+    part = lambda pt, i: str(pt[i]) if axis.keys[i] == "policy" or len(vary) == 1 else f"{axis.keys[i]}={pt[i]}"  # noqa: E731
+    labels = ["<br>".join(wrap_label(part(pt, i), 18) for i in vary) or "run" for pt in points]
+    x_title = axis.keys[vary[0]] if len(vary) == 1 else "policy, grid point"
     vals = {m: {c: [axis.value(c, pt, m) for pt in points] for c in axis.names} for m in metrics}
     present = [m for m in metrics if any(v is not None for ys in vals[m].values() for v in ys)]
     zero = [m for m in present if not any(v for ys in vals[m].values() for v in ys if v is not None)]
@@ -276,7 +279,7 @@ def code_figure(axis, metrics=("finished", "ttft_p99_ms", "prefix_hit_ratio", "p
                                  marker={"color": run_style(j)["color"]}), row=1, col=i)
         fig.update_yaxes(title_text=METRICS.get(m, (m,))[0], title_standoff=2, row=1, col=i)
     lines = max((w.count("<br>") + 1 for w in labels), default=1)
-    fig.update_xaxes(tickangle=-90 if len(labels) > 3 else 0, automargin=True, title_text="policy, grid point")
+    fig.update_xaxes(tickangle=-90 if len(labels) > 3 else 0, automargin=True, title_text=x_title)
     fig.update_layout(title=title, barmode="group", legend_title_text="code",
                       height=380 + 14 * lines + (60 if len(labels) > 3 else 0),
                       meta={"notes": [f"{METRICS.get(m, (m,))[0]}: 0 for every code." for m in zero]})
