@@ -259,7 +259,9 @@ def code_figure(axis, metrics=("finished", "ttft_p99_ms", "prefix_hit_ratio", "p
     points = axis.points()
     # label the points by what varies among them (one varying key: its values, the key on the axis)
     vary = [i for i, _ in enumerate(axis.keys) if len({pt[i] for pt in points}) > 1] or [0][:len(axis.keys)]
-    part = lambda pt, i: str(pt[i]) if axis.keys[i] == "policy" or len(vary) == 1 else f"{axis.keys[i]}={pt[i]}"  # noqa: E731
+    def part(pt, i):
+        return str(pt[i]) if axis.keys[i] == "policy" or len(vary) == 1 else f"{axis.keys[i]}={pt[i]}"
+
     labels = ["<br>".join(wrap_label(part(pt, i), 18) for i in vary) or "run" for pt in points]
     x_title = axis.keys[vary[0]] if len(vary) == 1 else "policy, grid point"
     vals = {m: {c: [axis.value(c, pt, m) for pt in points] for c in axis.names} for m in metrics}

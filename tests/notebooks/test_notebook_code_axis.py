@@ -30,7 +30,8 @@ def test_policy_ab_notebook_treats_code_as_a_dimension(monkeypatch, tmp_path):
     names = [tr.get("name") for tr in code_figs[0]["data"]]
     assert names[:2] == ["pre", "post"] and set(names) == {"pre", "post"}
     for i, fig in enumerate(figures):
-        assert fig.get("data") and any(tr.get("x") is not None or tr.get("y") is not None for tr in fig["data"]), titles[i]
+        drawn = [tr for tr in fig.get("data", []) if tr.get("x") is not None or tr.get("y") is not None]
+        assert drawn, f"figure {i} ({titles[i]}) is empty"
     text = json.dumps([o for c in nb.cells for o in c.get("outputs", [])])
     assert "post_delta" in text and ENV_KEY in text  # the code x policy x grid table
     assert "code=pre" in text and "code=post" in text  # the runs table, a run per code and point
