@@ -1,4 +1,5 @@
-"""``python -m replay.codes prepare SPEC... [--json]``: prepare codes (what ``make fork-env`` runs)."""
+"""``python -m replay.codes prepare SPEC... [--json]``: prepare codes (what ``make fork-env`` runs;
+SPEC as :func:`replay.codes.prepare` takes it, ``sglang==X`` included)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m replay.codes")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="unpack and install the overlay of each code (cached by content)")
-    p.add_argument("specs", nargs="+", help="tarball or directory holding python/sglang")
+    p.add_argument("specs", nargs="+",
+                   help="tarball, directory holding python/sglang or sglang/, or sglang==X (a PyPI release)")
     p.add_argument("--json", action="store_true", help="one JSON object per code")
     args = ap.parse_args(argv)
     rc = 0
