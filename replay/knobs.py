@@ -186,6 +186,12 @@ KNOBS: tuple[Knob, ...] = (
          upstream="--max-running-requests"),
     Knob("host_pool_tokens", int, 0, "HiCache host pool slots; 0 = no HiCache", group="size", min_value=0, max_value=MAX_POOL_TOKENS,
          upstream="--hicache-size / --hicache-ratio"),
+    Knob("host_swa_pool_tokens", int, 0, "HiCache host SWA pool slots (kv_stack=dsv4); 0 = sized as the server "
+         "sizes it from host_pool_tokens", group="size", min_value=0, max_value=MAX_POOL_TOKENS,
+         upstream="--hicache-ratio (DSV4: _deepseek_v4_num_host_pages)"),
+    Knob("kv_stack", str, "generic", "the memory stack: generic hybrid SWA pools, or DeepSeek-V4's "
+         "(page 256, its HiCache host sizing and retraction)", group="size", values=("generic", "dsv4"),
+         upstream="DeepseekV4ForCausalLM (DSV4PoolConfigurator)", refused={"sglang": ("dsv4",)}),
     Knob("hicache_write_policy", str, "write_through", "when the tree backs pages up to the host pool",
          group="size", values=("write_through", "write_through_selective", "write_back"),
          upstream="--hicache-write-policy"),

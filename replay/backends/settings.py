@@ -54,6 +54,8 @@ class BackendSettings:
     max_running_requests: int = _default("max_running_requests")
     host_pool_tokens: int = _default("host_pool_tokens")
     hicache_write_policy: str = _default("hicache_write_policy")
+    host_swa_pool_tokens: int = _default("host_swa_pool_tokens")
+    kv_stack: str = _default("kv_stack")
     schedule_policy: str = _default("schedule_policy")
     swa_eviction_interval_tokens: int = _default("swa_eviction_interval_tokens")
     tree_core: str = _default("tree_core")
@@ -78,6 +80,9 @@ class BackendSettings:
                              f"of {self.swa_tokens} tokens; expected a window below the pool size")
         if self.host_pool_tokens and self.host_pool_tokens < self.page_size:
             raise ValueError(f"host_pool_tokens={self.host_pool_tokens} is below one page")
+        if self.host_swa_pool_tokens and self.kv_stack != "dsv4":
+            raise ValueError(f"host_swa_pool_tokens={self.host_swa_pool_tokens} is taken with kv_stack=dsv4 only "
+                             "(the generic host SWA pool is sized from host_pool_tokens)")
         self._check_backend()
 
     def _check_backend(self) -> None:

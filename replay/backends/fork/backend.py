@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from replay.backends.dsv4 import DSV4_PAGE_SIZE, DSV4_SWA_FULL_TOKENS_RATIO
+
 #: the tiny configs' end-of-sequence id (``dsv4_pools``); TokenSynth's EOS (0) maps to it.
 MODEL_EOS = 1
 
@@ -50,17 +52,20 @@ def model_kind(settings: dict, manifest: dict | None = None) -> str:
         if forced not in ("dsv4", "swa", "mha"):
             raise ValueError(f"KVTRACE_FORK_MODEL={forced!r}: expected dsv4, swa or mha")
         return forced
-    if manifest and is_dsv4_manifest(manifest):
+    if settings.get("kv_stack") == "dsv4" or (manifest and is_dsv4_manifest(manifest)):
         return "dsv4"
     return "swa" if int(settings["sliding_window_tokens"]) > 0 else "mha"
 
 
 def is_dsv4_manifest(manifest: dict) -> bool:
-    """A capture from a DeepSeek-V4 model (the fork hooks' ``dsv4`` rank facts, or its model name)."""
-    model = str((manifest.get("server") or {}).get("model", "")).lower()
-    ranks = manifest.get("ranks") or []
-    return "deepseek_v4" in model or "deepseekv4" in model or any(
-        isinstance(r, dict) and r.get("dsv4") for r in (ranks if isinstance(ranks, list) else []))
+    """A capture from a DeepSeek-V4 model, as far as the manifest alone says (its run's ``kv_stack``,
+    its model name); the rank files' ``dsv4`` facts are read by :func:`replay.backends.dsv4.is_dsv4`,
+    which the run's settings (``kv_stack``) come from."""
+    run = (manifest.get("run") or {}).get("settings") or {}
+    if "kv_stack" in run:
+        return run["kv_stack"] == "dsv4"
+    model = str((manifest.get("server") or {}).get("model", "")).lower().replace("-", "_")
+    return any(s in model for s in ("deepseek_v4", "deepseekv4", "dsv4"))
 
 
 def server_kwargs(settings: dict, kind: str, *, context_length: int) -> dict:
@@ -78,7 +83,20 @@ def server_kwargs(settings: dict, kind: str, *, context_length: int) -> dict:
         kw["hicache_write_policy"] = str(settings["hicache_write_policy"])
     if kind != "mha":
         swa = int(settings.get("swa_pool_tokens") or 0)
-        kw["swa_full_tokens_ratio"] = (swa / full) if swa else float(settings["swa_full_tokens_ratio"])
+        if swa and kind == "dsv4":
+            # the configurator floors int(full * ratio) to pages: half a page above lands on swa exactly
+            kw["swa_full_tokens_ratio"] = (swa + DSV4_PAGE_SIZE / 2) / full
+        else:
+            kw["swa_full_tokens_ratio"] = (swa / full) if swa else float(settings["swa_full_tokens_ratio"])
+    if kind == "dsv4" and settings["host_pool_tokens"]:
+        # DSV4's host pools are max(int(device pages * --hicache-ratio), pages + 1) each (full and
+        # SWA, one ratio): the ratio that rebuilds the recorded host sizes (replay.backends.dsv4)
+        from replay.backends.dsv4 import device_pool_tokens, hicache_ratio_for
+
+        ratio = kw.get("swa_full_tokens_ratio", DSV4_SWA_FULL_TOKENS_RATIO)
+        dev_full, dev_swa = device_pool_tokens(full, ratio)
+        kw["hicache_ratio"] = hicache_ratio_for(dev_full, dev_swa, int(settings["host_pool_tokens"]),
+                                                int(settings.get("host_swa_pool_tokens") or 0))
     return kw
 
 

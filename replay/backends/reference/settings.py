@@ -25,6 +25,8 @@ class ReferenceSettings(BackendSettings):
         if self.schedule_policy != "fcfs":
             raise ValueError(f"schedule_policy={self.schedule_policy}: the reference backend schedules fcfs "
                              "only; use --backend sglang")
+        if self.kv_stack == "dsv4" and self.page_size != 256:
+            raise ValueError(f"page_size={self.page_size} with kv_stack=dsv4: DeepSeek-V4 pages are 256 tokens")
         if self.prefix_ownership == "eic_release_protected_prefix" and not self.has_swa:
             raise ValueError("prefix_ownership=eic_release_protected_prefix needs an SWA model "
                              "(sliding_window_tokens > 0)")
@@ -37,6 +39,8 @@ class ReferenceSettings(BackendSettings):
         ps, ratio = self.page_size, self.host_pool_tokens / self.full_pool_tokens
         host = (int(self.full_pool_tokens * ratio) // ps + 1) * ps if self.host_pool_tokens else 0
         swa_host = (int(self.swa_tokens * ratio) // ps + 1) * ps if host and self.has_swa else None
+        if self.kv_stack == "dsv4" and self.host_pool_tokens:
+            host, swa_host = self.dsv4_host_pool_tokens()
         return MemoryConfig(
             page_size=self.page_size, full_pool_tokens=self.full_pool_tokens,
             sliding_window_tokens=self.sliding_window_tokens, swa_pool_tokens=self.swa_tokens,
@@ -47,6 +51,18 @@ class ReferenceSettings(BackendSettings):
             swa_release_boundary=self.swa_release_boundary,
             swa_out_of_window_release=self.swa_out_of_window_release,
             hicache_write_ack="next_step")  # acknowledged at the next step, as sglang's Scheduler
+
+    def dsv4_host_pool_tokens(self) -> tuple[int, int]:
+        """(host_full, host_swa) of DeepSeek-V4's HiCache stack (``LogicalHostPool`` anchor, the SWA
+        ``DeepSeekV4PagedHostPool``): each ``max(int(device pages * ratio), device pages + 1)``
+        pages, at the ratio that gives ``host_pool_tokens`` (and ``host_swa_pool_tokens`` when set)
+        as the fork sizes them (:mod:`replay.backends.dsv4`)."""
+        from replay.backends.dsv4 import hicache_ratio_for, host_pool_tokens
+
+        ratio = hicache_ratio_for(self.full_pool_tokens, self.swa_tokens, self.host_pool_tokens,
+                                  self.host_swa_pool_tokens, page_size=self.page_size, swa_page_size=self.page_size)
+        return host_pool_tokens(self.full_pool_tokens, self.swa_tokens, ratio, page_size=self.page_size,
+                                swa_page_size=self.page_size)
 
     def server(self) -> dict:
         """Manifest ``server`` block (``tracer.schema.SERVER_KEYS``)."""
