@@ -169,20 +169,38 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
     Returns ``{"steps": n, "own_us_per_step": total, "hooks": [{name, calls, own_us_per_call,
     own_us_per_step}, ...]}`` (largest first).
     """
+    import tracer
+    import tracer.sglang
+    from replay.backends.sglang import SglangBackend
+    from tracer.sglang import hooks as hooks_mod
+
+    _, settings, wl = _load(workload_path, requests, overrides)
+    tracer.sglang.install(detail=detail)
+    try:
+        timers = time_patches(hooks_mod._patcher._patches)
+        tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
+        try:
+            tracer.start(tmp, source="sglang-backend", detail=detail)
+            try:
+                with SglangBackend(wl, settings, debug_memory_pool=False) as be:
+                    steps = be.run().num_steps
+            finally:
+                tracer.stop()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        tracer.sglang.uninstall()  # restores the originals (the timers go with the wrappers)
+    return own_time_rows(timers, steps)
+
+
+def time_patches(patches) -> tuple:
+    """Wrap each installed hook of ``patches`` (a Patcher's list) in two timers: around the
+    wrapper and around the original it calls (found in the wrapper's closure; hooks whose
+    original is not there are left untimed). Returns ``(outer, inner, calls)`` counters by
+    ``Class.method``; uninstalling the hooks removes the timers with them."""
     import collections
     from time import perf_counter_ns
 
-    import tracer
-    import tracer.sglang
-    from replay.backends.sglang import SglangBackend, load_workload, parse_overrides
-    from replay.backends.sglang.env import bootstrap
-    from tracer.sglang import hooks as hooks_mod
-
-    bootstrap()
-    settings = parse_overrides(overrides)
-    wl = load_workload(workload_path)
-    if requests:
-        wl.__dict__["requests"] = wl.requests[:requests]  # (requests is a cached property)
     outer, inner, calls = collections.Counter(), collections.Counter(), collections.Counter()
 
     def timed(f, key, acc, count):
@@ -196,32 +214,24 @@ def breakdown(workload_path: Path, *, requests: int = 0, overrides=DEFAULT_SETTI
                     calls[key] += 1
         return t
 
-    tracer.sglang.install(detail=detail)
-    try:
-        for p in hooks_mod._patcher._patches:  # the wrapper's closure holds its original
-            rep = p.replacement
-            if isinstance(rep, (staticmethod, classmethod)) or not getattr(rep, "__closure__", None):
-                continue
-            key = f"{getattr(p.owner, '__name__', p.owner)}.{p.name}"
-            cell = next((c for c in rep.__closure__ if callable(c.cell_contents)
-                         and getattr(c.cell_contents, "__name__", None) == p.name
-                         and c.cell_contents is not rep), None)
-            if cell is None:
-                continue
-            cell.cell_contents = timed(cell.cell_contents, key, inner, False)
-            setattr(p.owner, p.name, timed(rep, key, outer, True))
-        tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
-        try:
-            tracer.start(tmp, source="sglang-backend", detail=detail)
-            try:
-                with SglangBackend(wl, settings, debug_memory_pool=False) as be:
-                    steps = be.run().num_steps
-            finally:
-                tracer.stop()
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        tracer.sglang.uninstall()  # restores the originals (the timers go with the wrappers)
+    for p in patches:  # the wrapper's closure holds its original
+        rep = p.replacement
+        if isinstance(rep, (staticmethod, classmethod)) or not getattr(rep, "__closure__", None):
+            continue
+        key = f"{getattr(p.owner, '__name__', p.owner)}.{p.name}"
+        cell = next((c for c in rep.__closure__ if callable(c.cell_contents)
+                     and getattr(c.cell_contents, "__name__", None) == p.name
+                     and c.cell_contents is not rep), None)
+        if cell is None:
+            continue
+        cell.cell_contents = timed(cell.cell_contents, key, inner, False)
+        setattr(p.owner, p.name, timed(rep, key, outer, True))
+    return outer, inner, calls
+
+
+def own_time_rows(timers: tuple, steps: int) -> dict:
+    """``time_patches``'s counters as ``{"steps", "own_us_per_step", "hooks": [...]}``."""
+    outer, inner, calls = timers
     rows = [{"name": k, "calls": calls[k], "own_us_per_call": round((outer[k] - inner[k]) / 1e3 / calls[k], 2),
              "own_us_per_step": round((outer[k] - inner[k]) / 1e3 / steps, 2)} for k in calls]
     rows.sort(key=lambda r: -r["own_us_per_step"])
@@ -576,7 +586,7 @@ def main(argv=None) -> int:
         from fork_overhead import fork_vs_upstream, print_table
 
         r = fork_vs_upstream(args.workload, target=args.target, requests=args.requests or 60,
-                             repeat=args.repeat)
+                             repeat=args.repeat, breakdown=args.breakdown)
         return _report(r, args.json, print_table)
     if args.warm_path:
         w = warm_path()
