@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from tracer.fdwait import wait_readable
+from tracer.writer import SegmentWriter
 
 _LEN = struct.Struct("<Q")
 CTL_BYTES = 4096  # the control page: byte 0 is the drain's request to the emitting thread
@@ -194,12 +195,13 @@ def start_drain(config: dict, pass_fds: list[int]) -> subprocess.Popen:
 
 
 # ------------------------------------------------------------------------------ the drain process
-class Drain:
-    """The drain process's writer: the recorder's segment and conversion code, fed by messages."""
+class Drain(SegmentWriter):
+    """The drain process's writer: the recorder's segment and conversion code
+    (``tracer.writer.SegmentWriter``), fed by messages."""
 
     def __init__(self, cfg: dict):
         from tracer import buffers as _buffers
-        from tracer.recorder import Recorder, RecorderOptions
+        from tracer.options import RecorderOptions
         from tracer.schema import FAMILIES
 
         _buffers.HOLD_BUDGET_NS = 1 << 62  # nothing here waits for the GIL: never nap
@@ -221,20 +223,6 @@ class Drain:
         self.events_written = {f: 0 for f in FAMILIES}
         self.drops = _buffers.Drops()  # torn records, handed back to the server to count
         self.mark_carry = (np.zeros(1, np.int64), np.full(1, cfg["now0"], np.int64))
-        self._rec = Recorder  # borrowed methods: one implementation of the on-disk writing
-
-    # methods of the in-process flusher, reused as is
-    def _take_marks(self, swapped, s_swap):
-        return self._rec._take_marks(self, swapped, s_swap)
-
-    def _write_struct(self, name, b, buf, n, marks):
-        return self._rec._write_struct(self, name, b, buf, n, marks)
-
-    def _segment(self, name):
-        return self._rec._segment(self, name)
-
-    def _rotate(self, force_close):
-        return self._rec._rotate(self, force_close)
 
     def flush(self, msg: dict) -> dict:
         from tracer.schema import FAMILIES

@@ -30,24 +30,26 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from tracer.schema import manifest as _manifest
-from tracer import chunks as _chunks
 from tracer import drain as _drain
 from tracer import segments as _segments
 from tracer.buffers import (Drops, RowBuffer, StructBuffer, handoff, page_ids_column, peek_count,
                             set_progress_probe, start_turn, yield_gil)
+from tracer.drain_link import MARKED as _MARKED
+from tracer.drain_link import DrainLink, _PipeWake
+from tracer.options import RecorderOptions
+from tracer.writer import CLOCK_ROWS as _CLOCK_ROWS
+from tracer.writer import SegmentWriter
 from tracer.emitgen import _READS_CLOCK, _gen_emit
 from tracer.schema import FAMILIES, ROW_FAMILIES, STRUCT_FAMILIES, DropReason
 
 log = logging.getLogger("kvtrace.tracer")
-_MARKED = frozenset({"pool", "cache"})  # ts filled at flush from clock marks (clock != "event")
-_CLOCK_ROWS = frozenset({"sched", "stats"})  # struct rows that carry their own clock reading
 
 
 # Callables returning extra rank-file keys, asked when each recording starts (the sglang hooks
@@ -55,63 +57,10 @@ _CLOCK_ROWS = frozenset({"sched", "stats"})  # struct rows that carry their own 
 RANK_INFO_PROVIDERS: list = []
 
 
-@dataclass(frozen=True, slots=True)
-class RecorderOptions:
-    """Recorder settings (saved in ``ranks/rank=<r>.json`` and the manifest's ``options``)."""
-
-    buffer_events: int = 1 << 16  # records per struct-family buffer (current + up to 2 spare)
-    row_buffer_events: int = 1 << 16  # rows per row-family buffer
-    flush_interval_ms: int = 1000
-    poll_interval_ms: int = 50  # flusher wake-up to check fill levels
-    segment_max_bytes: int = 64 << 20  # rotate the open segment past this size...
-    segment_max_s: float = 600.0  # ...or this age
-    detail: str = "counts"  # "steps" (request/step/stats rows) | "counts" | "pages" (+ page ids)
-    clock: str = "step"  # "step" | "event" | "manual"
-    on_fork: str = "off"  # "off" (child records nothing) | "child" (child gets its own rank)
-    stop_timeout_s: float = 10.0
-    # "process": a drain process converts and writes (tracer.drain), the server's interpreter
-    # only fills shared buffers; "thread": the in-process flusher thread does it all.
-    flusher: str = "thread"
-
-    def __post_init__(self):
-        if self.detail not in ("steps", "counts", "pages"):
-            raise ValueError(f"detail must be 'steps', 'counts' or 'pages', got {self.detail!r}")
-        if self.clock not in ("step", "event", "manual"):
-            raise ValueError(f"clock must be 'step', 'event' or 'manual', got {self.clock!r}")
-        if self.on_fork not in ("off", "child"):
-            raise ValueError(f"on_fork must be 'off' or 'child', got {self.on_fork!r}")
-        if self.flusher not in ("process", "thread"):
-            raise ValueError(f"flusher must be 'process' or 'thread', got {self.flusher!r}")
-        if self.buffer_events < 16 or self.row_buffer_events < 16:
-            raise ValueError("buffer_events and row_buffer_events must be >= 16")
-
-
-class _PipeWake:
-    """``threading.Event``'s ``set`` for the process flusher: a byte on the notice pipe."""
-
-    def __init__(self, rec: "Recorder"):
-        self.rec = rec
-
-    def set(self) -> None:
-        fd = self.rec._notice_w
-        if fd is None:
-            return
-        try:
-            os.write(fd, b"w")
-        except (BlockingIOError, OSError, TypeError):
-            pass  # the pipe is full (a wake-up is pending anyway) or closed
-
-    def is_set(self) -> bool:
-        return False
-
-    def clear(self) -> None:
-        pass
-
-
 # --------------------------------------------------------------------------------------------
 # Recorder
 # --------------------------------------------------------------------------------------------
-class Recorder:
+class Recorder(SegmentWriter, DrainLink):
     """One process's recording into one rank partition of a trace directory.
 
     Args:
@@ -187,184 +136,6 @@ class Recorder:
         self._thread = threading.Thread(target=self._run, name="kvtrace-flusher", daemon=True)
         self._thread.start()
 
-    # ---------------------------------------------------------------- drain process
-    def _start_drain(self) -> dict:
-        """Shared rings for the struct families and the drain process that empties them."""
-        structs, spec, fds = {}, {}, []
-        for f in STRUCT_FAMILIES:
-            probe = StructBuffer(FAMILIES[f], 16, ts_in_record=not self._marked(f), shared=[None] * 3)
-            nbytes = self.opts.buffer_events * probe.size
-            ring = [_drain.shared_buffer(nbytes, f, commit=k < 2) for k in range(3)]  # as thread mode
-            fds += [fd for fd, _m in ring]
-            spec[f] = {"fds": [fd for fd, _m in ring], "nbytes": nbytes, "capacity": self.opts.buffer_events,
-                       "ts_in_record": not self._marked(f)}
-            structs[f] = StructBuffer(FAMILIES[f], self.opts.buffer_events, ts_in_record=not self._marked(f),
-                                      shared=[m for _fd, m in ring])
-        cmd_r, cmd_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        # Notices to the flusher thread (drain: "d" flush due, "h" a buffer half full; this
-        # process: "w" wake-up): the thread sleeps in one blocking read, GIL released.
-        self._notice_r, self._notice_w = os.pipe()
-        os.set_blocking(self._notice_w, False)
-        ctl_fd, self._ctl = _drain.shared_buffer(_drain.CTL_BYTES, "ctl")  # the drain's flush requests
-        fds.append(ctl_fd)
-        cfg = {"ctl_fd": ctl_fd, "dir": str(self.dir), "rank": self.rank, "options": asdict(self.opts), "structs": spec,
-               "now0": self.now[0], "cmd_fd": cmd_r, "reply_fd": rep_w, "lock_fd": self._lock_fd,
-               "notice_fd": self._notice_w, "ppid": os.getpid(), "info": self.info}
-        pass_fds = fds + [cmd_r, rep_w, self._notice_w] + ([self._lock_fd] if self._lock_fd is not None else [])
-        try:
-            self._proc = _drain.start_drain(cfg, pass_fds)
-        finally:
-            for fd in fds + [cmd_r, rep_w]:
-                os.close(fd)
-        self._cmd_fd, self._reply_fd = cmd_w, rep_r
-        ready = _drain.recv(rep_r, alive=lambda: self._proc.poll() is None)
-        if not ready:
-            self._close_pipes()
-            raise RuntimeError(f"kvtrace: the drain process did not start (exit code {self._proc.poll()})")
-        _drain.widen_pipe(cmd_w)
-        self._replies = _drain.Replies(rep_r)
-        self._awaited: list[int] = []  # events per message whose reply has not been applied
-        return structs
-
-    def _abort_drain(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        for name in ("_cmd_fd", "_reply_fd", "_notice_r", "_notice_w"):
-            fd = getattr(self, name, None)
-            setattr(self, name, None)
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-
-    def _drain_gone(self) -> RuntimeError:
-        code = self._proc.poll()
-        return RuntimeError(f"the drain process exited (code {code})" if code is not None
-                            else "the drain process did not answer")
-
-    def _apply_replies(self, block: bool) -> bool:
-        """Apply the drain's replies that have arrived (``block``: all awaited ones): buffers
-        given back, torn records, rows written, or the error that ended recording."""
-        while self._awaited:
-            try:
-                reply = self._replies.next(block)
-            except OSError:
-                reply = None
-            if reply is _drain.NOT_YET:
-                return True
-            if reply is None:
-                raise self._drain_gone()
-            self._inflight -= self._awaited.pop(0)
-            for name, idx in reply["released"]:
-                self.structs[name].release(idx)
-            for fam, reason, first, last, n in reply["torn"]:
-                self.drops.add(fam, reason, first, last, n)
-            self.events_written.update(reply["written"])
-            if reply.get("failed"):  # later messages were refused too: nothing is in flight
-                self._awaited.clear()
-                self._inflight = 0
-                self._fail(reply["failed"])
-                return False
-        return True
-
-    def _handover(self) -> None:
-        """The drain asked for a flush (``ctl[0]``): hand the buffers over now, in the emitting
-        thread at a step boundary (``tick``/``set_clock``), without waiting for the writes.
-        The flusher thread then never wakes while the server steps, and no GIL handoff to it can
-        stall the emitter on a busy machine. Skipped while another flush runs."""
-        kind = self._ctl[0]
-        if not kind or self.failed or self.stopped or not self._io_lock.acquire(blocking=False):
-            return
-        try:
-            if not self.failed:
-                self._flush_process(force=kind == _drain.DUE, wait=False)
-        except Exception as e:
-            self._fail(e)
-        finally:
-            self._io_lock.release()
-
-    def _flush_process(self, force: bool, close: bool = False, wait: bool = True) -> bool:
-        """``flush`` with a drain process: swap and hand the buffers over. ``wait``: until the
-        drain has written them (else its reply is applied at a later flush, see
-        ``tracer.drain.Replies``)."""
-        self._ctl[0] = 0  # any flush answers the drain's request
-        if not self._apply_replies(block=False):
-            return False
-        due = {name for name, b in self.structs.items() if force or self._due(b)}
-        if due & (_MARKED | _CLOCK_ROWS):
-            due |= _MARKED | _CLOCK_ROWS
-        s_swap = peek_count(self.seq)
-        swapped = {}
-        hand = self._in_hand  # buffers out of the recorder's lists and not yet in flight
-        for name in self.structs:
-            if name in due:
-                b = self.structs[name]
-                with b.lock:
-                    bufs, b.pending = b.pending, []
-                    hand += [(b, buf) for buf in bufs]  # counted by check_integrity meanwhile
-                old = b.swap()  # (may wait for b.lock: another thread then runs)
-                if old is not None:
-                    bufs.append(old)
-                    hand.append((b, old))
-                if bufs:
-                    swapped[name] = bufs
-        marks = []
-        if swapped:
-            marks = self.marks[:]
-            del self.marks[: len(marks)]
-        sent = [(name, b.ring_index[id(buf[0])], b.reserved(buf), buf[2])
-                for name, bufs in swapped.items() for b in (self.structs[name],) for buf in bufs]
-        rows = {}
-        for name in ROW_FAMILIES:
-            b = self.rows[name]
-            if name == "drops":
-                self._drops_to_rows()
-            if force or len(b.cur[0]) * 2 >= b.capacity:
-                rows[name] = b.swap()
-                hand.append((None, rows[name]))
-        n_msg = sum(n for _f, _i, n, _s in sent) + sum(map(len, rows.values()))
-        if self._cmd_fd is None:
-            hand.clear()
-            raise self._drain_gone()
-        self._inflight += n_msg
-        hand.clear()
-        self._awaited.append(n_msg)
-        msg = {"bufs": sent, "marks": marks, "s_swap": s_swap, "rows": rows,
-               "close": close, "progress": s_swap - 1 if force else 0}
-        if self.info_changed:  # e.g. coverage grown by a later install: the drain's copy is stale
-            self.info_changed = False
-            msg["info"] = dict(self.info)
-        try:
-            _drain.send(self._cmd_fd, msg)
-        except OSError:
-            raise self._drain_gone() from None
-        return self._apply_replies(block=wait)
-
-    def _end_drain(self) -> None:
-        """Let the drain process exit (after its last reply) and reap it."""
-        if self._proc is None:
-            return
-        if self._cmd_fd is not None:
-            try:
-                _drain.send(self._cmd_fd, {"exit": True})
-            except OSError:
-                pass
-        self._close_pipes()
-        try:
-            self._proc.wait(self.opts.stop_timeout_s)
-        except Exception:
-            log.error("kvtrace: the drain process %d did not exit; killing it", self._proc.pid)
-            self._proc.kill()
-            self._proc.wait()
-
-    # ---------------------------------------------------------------- emit functions
     def _marked(self, family: str) -> bool:
         """Rows of ``family`` take ts from clock marks at flush (no ts in the hot-path record)."""
         return self.opts.clock != "event" and family in _MARKED
@@ -515,32 +286,6 @@ class Recorder:
         self._final()
         self._flush_answered(self._flush_asked)
 
-    def _loop_process(self) -> None:
-        """The flusher thread with a drain process: it sleeps in a blocking read of the notice
-        pipe (no GIL, no polling: the drain watches fill levels and the flush interval) and
-        takes the GIL about three times per flush, since every GIL handoff to this thread may
-        wait for a CPU when the machine is busy, with the emitter stalled meanwhile."""
-        while not self._stop_req:
-            try:
-                got = os.read(self._notice_r, 4096)
-            except (OSError, TypeError):
-                got = b""
-            start_turn()
-            if self._stop_req:
-                break
-            if not got:
-                self._fail(RuntimeError(f"the drain process exited (code {self._proc.poll()})"))
-                self._flush_answered(self._flush_asked)
-                return
-            asked = self._flush_asked
-            # a timed or half-full flush does not wait for the drain: one GIL handoff per flush
-            ok = self.flush(force=b"d" in got or asked > self._flush_done, wait=asked > self._flush_done)
-            self._flush_answered(asked)
-            if not ok:
-                return
-        self._final()
-        self._flush_answered(self._flush_asked)
-
     def _flush_answered(self, asked: int) -> None:
         if asked > self._flush_done:
             with self._flush_cv:
@@ -627,28 +372,6 @@ class Recorder:
         bufs.append(b.swap())
         return bufs
 
-    def _take_marks(self, swapped: dict, s_swap: int) -> tuple[np.ndarray, np.ndarray]:
-        """Clock marks as (seq, ts) arrays sorted by seq: those carried over, tick/set_clock and
-        row-family marks, and the (seq, ts) of swapped sched/stats rows. Keeps for next time the
-        marks rows at or after ``s_swap`` (not flushed in this cycle) may need."""
-        taken = self.marks[:]
-        del self.marks[: len(taken)]  # an append racing in lands after the slice: kept
-        seqs = [self.mark_carry[0], np.array([m[0] for m in taken], np.int64)]
-        tss = [self.mark_carry[1], np.array([m[1] for m in taken], np.int64)]
-        for name in _CLOCK_ROWS & swapped.keys():
-            b = self.structs[name]
-            for buf in swapped[name]:
-                arr = np.frombuffer(buf[0], dtype=b.dtype, count=b.reserved(buf))
-                ok = arr["seq"] != 0
-                seqs.append(arr["seq"][ok])
-                tss.append(arr["ts_ns"][ok])
-        seq, ts = np.concatenate(seqs), np.concatenate(tss)
-        order = np.argsort(seq, kind="stable")
-        seq, ts = seq[order], ts[order]
-        keep = max(int(np.searchsorted(seq, s_swap, side="left")) - 1, 0)
-        self.mark_carry = (seq[keep:].copy(), ts[keep:].copy())
-        return seq, ts
-
     def _flush_struct(self, name: str, b: StructBuffer, bufs: list, marks) -> None:
         for buf in bufs:
             n = b.reserved(buf)
@@ -657,40 +380,6 @@ class Recorder:
                 b.recycle(buf, n)
         if not b.free:
             b.free.append(b._new())
-
-    def _write_struct(self, name: str, b: StructBuffer, buf: tuple, n: int, marks) -> int:
-        """Append the first ``n`` records of ``buf`` to the segment, in seq order, one IPC message
-        per chunk of rows (see ``tracer.chunks``); returns torn records."""
-        data, _ctr, side = buf
-        arr = np.frombuffer(data, dtype=b.dtype, count=n)
-        seqs = arr["seq"]
-        keep = _chunks.written_mask(seqs, yield_gil)
-        deadline = time.monotonic() + 0.05
-        while not keep.all() and time.monotonic() < deadline:
-            time.sleep(0.0002)  # a writer reserved a slot and was preempted before packing
-            keep = _chunks.written_mask(seqs, yield_gil)
-        torn = int(n - np.count_nonzero(keep))
-        if torn:
-            self.drops.add(name, DropReason.TORN, -1, -1, torn)
-        ids = _chunks.SideIndex(side, yield_gil) if name == "pool" else None
-        schema = b.fam.arrow_schema(stored=False)
-        seg = self._segment(name)
-        columns = [arr[f] for f in b.dtype.names]  # strided views
-        for chunk in _chunks.row_chunks(seqs, keep, torn, yield_gil):
-            arrays = []
-            if not b.ts_in_record:  # ts of the latest clock mark at or before each row's seq
-                idx = np.searchsorted(marks[0], seqs[chunk], side="right") - 1
-                arrays.append(pa.array(marks[1][np.maximum(idx, 0)]))
-            arrays.extend(pa.array(np.ascontiguousarray(c[chunk])) for c in columns)
-            rows = len(arrays[-1])
-            if ids is not None:
-                arrays.append(page_ids_column(ids.entries(_chunks.positions(chunk)), rows))
-            yield_gil()
-            seg.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
-            self.events_written[name] += rows
-            del arrays
-            yield_gil()
-        return torn
 
     def _flush_rows(self, name: str, b: RowBuffer) -> None:
         rows = b.swap()
@@ -707,21 +396,6 @@ class Recorder:
         rows = self.rows["drops"].cur[0]
         for (fam, reason), (first, last, n, detail) in self.drops.take().items():
             rows.append((t, next(self.seq), fam, first, last, n, int(reason), detail))
-
-    def _segment(self, name: str) -> _segments.StreamSegment:
-        seg = self.segments.get(name)
-        if seg is None:
-            seg = self.segments[name] = _segments.StreamSegment(self.dir, FAMILIES[name], self.rank)
-            self.segment_opened_s[name] = time.monotonic()
-        return seg
-
-    def _rotate(self, force_close: bool) -> None:
-        now = time.monotonic()
-        for name, seg in list(self.segments.items()):
-            if (force_close or seg.num_bytes >= self.opts.segment_max_bytes
-                    or now - self.segment_opened_s[name] >= self.opts.segment_max_s):
-                del self.segments[name]
-                seg.close(between_steps=yield_gil)
 
     # ---------------------------------------------------------------- failure and stop
     def _fail(self, exc: BaseException) -> None:
