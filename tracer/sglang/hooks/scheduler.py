@@ -18,7 +18,7 @@ import tracer
 from tracer.sglang.hooks.allocator_swa import tag_swa
 from tracer.sglang.patching import exact as exact_factory
 from tracer.sglang.patching import exact_only, target
-from tracer.sglang.runtime import sampler, state
+from tracer.sglang.runtime import kv_bytes, sampler, state
 from tracer.sglang.runtime.sampler import IDLE
 from tracer.sglang.runtime.state import NOOP, S
 from tracer.sglang.targets.contract import LEVELS, Contract
@@ -47,6 +47,7 @@ def adopt(tree, alloc) -> None:
     if alloc is not None and reg.allocator is not alloc:
         reg.allocator = alloc
         tag_swa(alloc)
+    kv_bytes.note(tree, alloc)  # the pools' bytes per token into the rank entry (once per pools)
 
 
 def _make_get_pool_stats():
