@@ -23,10 +23,11 @@ def ceil_page(tokens: int, ps: int) -> int:
 
 
 def swa_need_tokens(extend: int, max_new: int, window: int, ps: int, chunk_limit: int | None = None,
-                    host_hit: int = 0) -> int:
-    """Peak SWA tokens of one extend (sglang ``estimate_swa_kv_tokens``)."""
+                    host_hit: int = 0, *, dsv4: bool = False) -> int:
+    """Peak SWA tokens of one extend (sglang ``estimate_swa_kv_tokens``; ``dsv4``: the fork's
+    ``_swa_budget_for_req``, which reserves the whole window whatever the output length)."""
     allocated = extend if chunk_limit is None else min(extend, chunk_limit)
-    need = max(allocated - window, 0) + min(extend + max_new, window) + ps
+    need = max(allocated - window, 0) + (window if dsv4 else min(extend + max_new, window)) + ps
     if host_hit > 0:
         need += ceil_page(host_hit, ps)
     return need
@@ -117,7 +118,8 @@ class PrefillBudget:
 
     # ---- checks
     def swa_need(self, extend: int, max_new: int, chunk_limit: int | None = None, host_hit: int = 0) -> int:
-        return swa_need_tokens(extend, max_new, self.window, self.ps, chunk_limit, host_hit)
+        return swa_need_tokens(extend, max_new, self.window, self.ps, chunk_limit, host_hit,
+                               dsv4=self.s.kv_stack == "dsv4")
 
     def check_prefill(self, extend: int, total_tokens: int, max_new: int, swa_host_hit: int,
                       chunk_limit: int | None) -> tuple[bool, int | None, int]:

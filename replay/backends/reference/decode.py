@@ -81,13 +81,32 @@ class DecodeMixin:
         self.running = [r for i, r in enumerate(batch) if i in kept]
         return retracted, aborted
 
+    def _release_out_of_window_dsv4(self, batch: list[RefReq]) -> None:
+        """The fork's ``maybe_evict_swa`` (DeepSeek-V4 stack): a request's out-of-window SWA is
+        released at its decodes ``1, 1 + k, 1 + 2k, ...`` with ``k = max(ps, interval)`` cut to
+        whole pages (the fork's ``max(ps, W * SGLANG_SWA_EVICTION_INTERVAL_MULTIPLIER)``: 256 for
+        DSV4's window 128), not when the window has moved ``interval`` tokens past the last
+        release as 0.5.23's ``_swa_eviction_trigger``."""
+        s, model = self.settings, self.model
+        ps = s.page_size
+        every = max(ps, s.swa_eviction_interval_tokens) // ps * ps
+        get = model.requests.reqs.__getitem__
+        for r in batch:
+            if r.decode_batch_idx % every != 1:
+                continue
+            freed = model.free_swa_out_of_window(r.rid, get(r.rid).seq_tokens, 1)
+            if freed:
+                tracer.cache(int(CacheOp.SWA_RELEASE), r.rid, 0, 0, 0, 0, freed)
+
     def _emit_retract(self, req: RefReq) -> None:
         tracer.sched(int(SchedKind.RETRACT), self.trace_ct, 0, 0, 0, 0, req.rid, req.prefix_len,
                      max(0, self.model.request(req.rid).seq_tokens - req.prefix_len))
 
     def _prepare_decode(self, batch: list[RefReq]) -> None:
         s, model = self.settings, self.model
-        if s.has_swa and s.swa_out_of_window_release != "off":
+        if s.has_swa and s.swa_out_of_window_release != "off" and s.kv_stack == "dsv4":
+            self._release_out_of_window_dsv4(batch)
+        elif s.has_swa and s.swa_out_of_window_release != "off":
             get = model.requests.reqs.__getitem__
             window, interval = s.sliding_window_tokens, s.swa_eviction_interval_tokens
             for r in batch:
