@@ -29,13 +29,18 @@ from replay.console import third_party_to_log
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
               help="Environment of the code's process over the source's recorded SGLANG_* switches "
                    "(repeatable; with --code).")
+@click.option("--model", default=None, metavar="NAME",
+              help="Model preset giving each pool's bytes per token for the GB figures (replay.models: "
+                   "llama-3.1-8b, mellum-like-swa, deepseek-v4-class, dsv4-tiny); default: the bytes the "
+                   "trace records, if any (docs/capacity.md).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--force", is_flag=True, help="Replace --out if it holds a kvtrace run or trace (nothing else).")
 @click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal "
                                               "(default: OUT/sglang.log).")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json as one JSON object.")
 def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backend: str, detail: str,
-               code: str | None, env: tuple[str, ...], quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
+               code: str | None, env: tuple[str, ...], model: str | None, quiet: bool, force: bool, verbose: bool,
+               as_json: bool) -> None:
     """Replay the requests of TRACE_OR_WORKLOAD under a policy; write the run to OUT.
 
     A run is a trace written by the hooks on the real code plus summary.json (occupancy, hits,
@@ -50,7 +55,7 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
     force_out(out, force, inputs=(source,))
     with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=verbose) as log:
         s = replay_run(source, out, policy=policy, sets=sets, backend=backend, detail=detail,
-                       progress=not (quiet or as_json), code=code, env=env)
+                       progress=not (quiet or as_json), code=code, env=env, model=model)
     total_s = time.perf_counter() - t0
     if as_json:
         click.echo(json.dumps(dict(s.to_dict(), command_wall_s=round(total_s, 3),
@@ -63,6 +68,13 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
                f"{total_s:,.1f} s wall in all, start-up included")
     click.echo(f"  peak swa {s.peak_swa_used:,}  mean swa {s.mean_swa_used:,.0f}  "
                f"swa slope {s.swa_used_slope_tokens_per_hour:,.0f} tok/h  peak full {s.peak_full_used:,}")
+    if s.peak_swa_used_gb is not None or s.peak_full_used_gb is not None:
+        kb = s.kv_bytes
+        click.echo(f"  GB ({kb.get('source')}{' ' + kb['model'] if kb.get('model') else ''}): "
+                   + "  ".join(f"{label} {v:,.3f}" for label, v in (
+                       ("peak full", s.peak_full_used_gb), ("peak swa", s.peak_swa_used_gb),
+                       ("mean swa", s.mean_swa_used_gb), ("full pool", s.full_pool_gb),
+                       ("swa pool", s.swa_pool_gb), ("host pool", s.host_pool_gb)) if v is not None))
     click.echo(f"  prefix hit {s.prefix_hit_ratio:.3f}  host hit {s.host_hit_ratio:.3f}  "
                f"ttft p50/p99 {s.ttft_p50_ms:,.1f}/{s.ttft_p99_ms:,.1f} ms  queue p99 {s.queue_p99_ms:,.1f} ms")
     click.echo(f"  host alloc/free cpu {s.host_alloc_cpu_ns / 1e6:,.2f}/{s.host_free_cpu_ns / 1e6:,.2f} ms  "

@@ -20,7 +20,10 @@ from replay.runs.sweep import PARTIAL_DIR
 FIGURES = ("requests", "finished", "peak_full_used", "peak_swa_used", "mean_swa_used",
            "swa_used_slope_tokens_per_hour", "prefix_hit_ratio", "host_hit_ratio", "ttft_p50_ms",
            "ttft_p99_ms", "queue_p99_ms", "throughput_tokens_per_s", "retractions", "swa_evicted_tokens",
-           "host_alloc_cpu_ns", "host_free_cpu_ns", "sched_cpu_ns", "sim_s", "wall_s")
+           "host_alloc_cpu_ns", "host_free_cpu_ns", "sched_cpu_ns", "sim_s", "wall_s",
+           "peak_full_used_gb", "peak_swa_used_gb", "mean_swa_used_gb")
+#: GB figures the table adds when some run knows its bytes per token (``replay.runs.kv_gb``)
+GB_TABLE_FIGURES = ("peak_swa_used_gb", "mean_swa_used_gb")
 
 
 #: figures that can be negative: deltas are absolute (no percentage)
@@ -174,7 +177,7 @@ def format_table(df, *, figures=None, base: str | None = None, width: int | None
     policy and grid point), in as many blocks of runs as the width needs."""
     import shutil
 
-    figures = figures or TABLE_FIGURES
+    figures = figures or TABLE_FIGURES + tuple(f for f in GB_TABLE_FIGURES if df[f].null_count() < df.height)
     width = width or shutil.get_terminal_size((100, 24)).columns
     heads = ["code", "policy"] if "code" in df.columns else ["policy"]
     keys = [c for c in df.columns if c not in ("run", "base", *heads) and c not in FIGURES
@@ -201,9 +204,11 @@ def format_table(df, *, figures=None, base: str | None = None, width: int | None
 
 
 def _num(v) -> str:
+    if v is None:
+        return "-"
     if isinstance(v, float):
         return f"{v:,.4f}" if abs(v) < 10 else f"{v:,.1f}"
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-__all__ = ["FIGURES", "SIGNED", "TABLE_FIGURES", "RunsNotFound", "compare", "find_runs", "format_table"]
+__all__ = ["FIGURES", "GB_TABLE_FIGURES", "SIGNED", "TABLE_FIGURES", "RunsNotFound", "compare", "find_runs", "format_table"]

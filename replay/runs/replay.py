@@ -76,6 +76,18 @@ class RunSummary:
     code: dict = field(default_factory=dict)
     #: the ``SGLANG_*``/``KVTRACE_*`` environment given to a code's process (recorded + ``--env``)
     env: dict = field(default_factory=dict)
+    #: where the bytes per token came from (``replay.runs.kv_gb.resolve_bytes``: trace/preset/none)
+    kv_bytes: dict = field(default_factory=dict)
+    #: GB beside tokens (``replay.runs.kv_gb.GB_FIGURES``; None: the pool's bytes are unknown)
+    full_pool_gb: float | None = None
+    peak_full_used_gb: float | None = None
+    mean_full_used_gb: float | None = None
+    swa_pool_gb: float | None = None
+    peak_swa_used_gb: float | None = None
+    mean_swa_used_gb: float | None = None
+    host_pool_gb: float | None = None
+    peak_host_full_used_gb: float | None = None
+    peak_host_swa_used_gb: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,7 +145,7 @@ def resolve_settings(source: str | Path, policy: str, sets=(), backend: str = "s
 
 def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded", sets=(),
                backend: str = "sglang", detail: str = "counts", progress: bool = False,
-               code: str | None = None, env=()) -> RunSummary:
+               code: str | None = None, env=(), model: str | None = None) -> RunSummary:
     """Replay the requests of ``source`` (a trace or workload) under ``policy`` into run ``out``.
 
     Args:
@@ -148,19 +160,23 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
             python/sglang or sglang/, ``installed``); None: the installed sglang in-process.
         env: ``K=V`` strings or a dict for the code's process, over the source's recorded
             ``SGLANG_*`` switches (a code other than ``installed`` only).
+        model: a model preset (``replay.models``) giving each pool's bytes per token; None: the
+            bytes the source records, if any (``replay.runs.kv_gb``). The GB figures follow.
     Returns:
         the run's :class:`RunSummary` (also written to ``out/summary.json``).
     Raises:
         RunError: bad source, policy, setting, backend or output directory.
     """
     source, out = Path(source), Path(out)
+    kv_bytes = _kv_bytes(source, model)
     if code is not None or env:
         from replay.runs import code as code_runs
 
         resolved = code_runs.one_code(code, env)  # SPEC or NAME=SPEC; --env only with a code of its own
         if not resolved.installed:
-            return code_runs.replay_code(source, out, resolved, policy=policy, sets=sets, env=env, detail=detail,
-                                         progress=progress)
+            summary = code_runs.replay_code(source, out, resolved, policy=policy, sets=sets, env=env,
+                                            detail=detail, progress=progress)
+            return _with_gb(out, summary, kv_bytes)
     values, assumed = resolve_settings(source, policy, sets, backend)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(f"{out}: exists and is not an empty directory; choose a new --out")
@@ -178,7 +194,7 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     if not wl.requests:
         raise RunError(f"{source}: no arrival rows in the request family; nothing to replay")
     run_block = {"policy": policy, "backend": backend, "source": str(source), "settings": settings.to_dict(),
-                 "assumed": assumed}
+                 "assumed": assumed, "kv_bytes": kv_bytes}
     if code is not None:
         run_block["code"] = resolved.as_dict()
     bar = _Progress(len(wl.requests), wl.requests[0].arrival_ns, wl.requests[-1].arrival_ns) if progress else None
@@ -191,6 +207,26 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     summary = _summarize(out, rec, run_block)
     if code is not None:
         summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})
+    return _with_gb(out, summary, kv_bytes)
+
+
+def _kv_bytes(source: Path, model: str | None) -> dict:
+    from replay.models import ModelError
+    from replay.runs.kv_gb import resolve_bytes
+
+    try:
+        return resolve_bytes(source, model)
+    except ModelError as e:
+        raise RunError(str(e)) from None
+
+
+def _with_gb(out: Path, summary: RunSummary, kv_bytes: dict) -> RunSummary:
+    """``summary`` with the bytes' source and the GB figures (``replay.runs.kv_gb``), written to
+    ``out/summary.json``."""
+    from replay.runs.kv_gb import gb_figures
+
+    summary = RunSummary.from_dict(summary.to_dict() | {"kv_bytes": kv_bytes}
+                                   | gb_figures(out, kv_bytes.get("bytes_per_token") or {}))
     _write_json(out / SUMMARY_FILE, summary.to_dict())
     return summary
 
