@@ -109,7 +109,10 @@ def dsv4_runs(tmp_path_factory):
         summary = call_in_code(prepare(tarball), "tests.fork.test_fork_dsv4_replay:capture",
                                {"out_dir": str(cap)}, timeout_s=540).result
         run = replay_run(cap, base / "fork", policy="recorded", code=str(tarball))
-        _RUNS.update(capture=cap, summary=summary, fork=base / "fork", fork_summary=run, base=base)
+        ref = replay_run(cap, base / "reference", policy="fork-659", backend="reference",
+                         sets=["swa_eviction_interval_tokens=256"])
+        _RUNS.update(capture=cap, summary=summary, fork=base / "fork", fork_summary=run, base=base,
+                     reference=base / "reference", reference_summary=ref)
     return _RUNS
 
 
@@ -180,3 +183,15 @@ def test_the_fork_backend_counts_dsv4_retractions_as_its_trace_does(dsv4_runs):
     n = _retract_rows(dsv4_runs["fork"])
     assert n >= 1 and s.retractions == n, (s.retractions, n)
     assert s.finished == s.requests == len(_requests())
+
+
+def test_the_reference_backend_replays_it_with_the_dsv4_capacities_and_retraction(dsv4_runs):
+    """Measured: 720 reference steps against the fork's 721, one retraction each."""
+    from replay.diagnosis.verify import verify
+
+    ref, s = dsv4_runs["reference"], dsv4_runs["reference_summary"]
+    assert _capacities(ref) == _capacities(dsv4_runs["capture"])
+    assert s.settings["kv_stack"] == "dsv4" and s.settings["page_size"] == PS
+    assert s.retractions == _retract_rows(ref) == dsv4_runs["fork_summary"].retractions >= 1
+    assert s.finished == s.requests and abs(s.steps - dsv4_runs["fork_summary"].steps) <= 0.02 * s.steps
+    assert verify(ref).divergences == []
