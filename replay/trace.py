@@ -20,6 +20,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
 from replay.errors import KvtraceError
+from replay.trace_checks import Problem, full_check
 from tracer.schema import FAMILIES, MANIFEST_FILE, SCHEMA_MAJOR, SCHEMA_VERSION, parse_major
 
 _PART_RE = re.compile(r"^part-(\d+)\.(parquet|arrows)$")
@@ -28,18 +29,6 @@ _RANK_RE = re.compile(r"^rank=(-?\d+)$")
 
 class TraceError(KvtraceError):
     """A trace that cannot be read as asked; the message names the file and the expectation."""
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    kind: str  # corrupt | truncated | missing | open_segment | version | schema | seq | drops
-    file: str
-    message: str
-    row: int | None = None
-
-    def __str__(self) -> str:
-        where = self.file + (f", row {self.row}" if self.row is not None else "")
-        return f"{where}: {self.message}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +185,6 @@ class Trace:
         segments), seq order and duplicates per rank, rank folders vs manifest vs rank files,
         rows vs the events each rank file recorded, seqs neither written nor counted lost, ranks
         that did not end ``complete``, and recorded drops (see ``replay.trace_checks``)."""
-        from replay.trace_checks import full_check
-
         return full_check(self)
 
     def _check_seq(self) -> list[Problem]:

@@ -1,6 +1,6 @@
 """The full checks behind ``Trace.check()`` and ``kvtrace inspect --strict``.
 
-Each check returns :class:`replay.trace.Problem` items naming the file (and row) and what was
+Each check returns :class:`Problem` items (re-exported as ``replay.trace.Problem``) naming the file (and row) and what was
 expected:
 
 - ``seq``: seq strictly increasing within a segment and unique per rank (a duplicated segment);
@@ -16,6 +16,7 @@ expected:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,21 @@ from tracer.schema import FAMILIES
 from tracer.schema import manifest as _manifest
 
 
-def check_seq(trace) -> list:
-    from replay.trace import Problem
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a trace: its kind, the file (and row) and what was expected."""
 
+    kind: str  # corrupt | truncated | missing | open_segment | version | schema | seq | drops
+    file: str
+    message: str
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = self.file + (f", row {self.row}" if self.row is not None else "")
+        return f"{where}: {self.message}"
+
+
+def check_seq(trace) -> list:
     out = []
     for rank in trace.ranks:
         seqs, owners, paths = [], [], []
@@ -63,8 +76,6 @@ def check_seq(trace) -> list:
 
 def check_ranks(trace) -> list:
     """Rank folders vs the manifest's ranks vs rank files."""
-    from replay.trace import Problem
-
     out = []
     declared = set(trace.manifest.get("ranks") or [])
     folders = {s.rank for s in trace.segments}
@@ -85,7 +96,6 @@ def check_ranks(trace) -> list:
 
 def rank_info(trace, rank: int):
     """(info dict or None, problem or None) of a rank file."""
-    from replay.trace import Problem
     from tracer.schema import SchemaError
 
     try:
@@ -96,8 +106,6 @@ def rank_info(trace, rank: int):
 
 def check_ranks_accounting(trace) -> list:
     """Rank file events and end state vs the rows on disk, and the seq accounting per rank."""
-    from replay.trace import Problem
-
     out = []
     for rank in trace.ranks:
         info, prob = rank_info(trace, rank)

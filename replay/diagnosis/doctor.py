@@ -166,7 +166,8 @@ def doctor(trace, *, rank: int = 0, replay: bool = False, progress: bool = False
     if replay:
         from replay.diagnosis.rerun import replay_compare
 
-        rep.replay = replay_compare(tr, rep, progress=progress, verbose=verbose, code=resolved, env=env)
+        rep.replay = replay_compare(tr, rep, diagnose=doctor, progress=progress, verbose=verbose,
+                                    code=resolved, env=env)
     return rep
 
 

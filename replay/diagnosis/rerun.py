@@ -99,8 +99,10 @@ def on_code(code, sets: list[str], fix: list[str], incident: dict) -> tuple[list
     return kept, fix_kept, switches, not_applied
 
 
-def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False, code=None, env=()) -> dict:
-    """Record the workload twice (recorded, recommended) and diagnose both runs.
+def replay_compare(tr, report, *, diagnose, progress: bool = False, verbose: bool = False, code=None,
+                   env=()) -> dict:
+    """Record the workload twice (recorded, recommended) and diagnose both runs with
+    ``diagnose`` (``replay.diagnosis.doctor.doctor``, passed in: doctor calls this module).
 
     With nothing to change (no recommendation beyond the recorded settings and no planted bug)
     nothing is run; the summary says so.
@@ -113,7 +115,6 @@ def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False,
     ``growth_disappears_on_code``)."""
     from replay.backends.sglang import write_workload
     from replay.console import third_party_to_log
-    from replay.diagnosis.doctor import doctor
     from replay.diagnosis.make_incidents import sglang_switches
     from replay.record import record_workload
     from replay.runs.code import one_code, parse_env
@@ -150,7 +151,7 @@ def replay_compare(tr, report, *, progress: bool = False, verbose: bool = False,
                 with sglang_switches(run_env):
                     record_workload(w, dest, overrides=tuple(run_sets), detail="counts", progress=progress,
                                     incident=inc.get("name", ""), incident_every=int(inc.get("every", 7) or 7))
-            d = doctor(dest)
+            d = diagnose(dest)
             runs[name] = {"verdict": d.verdict, "primary_cause": d.primary_cause,
                           "growth": {p: {k: g[k] for k in ("verdict", "slope_tokens_per_hour", "p_value")}
                                      for p, g in d.growth.items()},

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from replay.runs.replay import SUMMARY_FILE, RunError, read_summary
-from replay.runs.sweep import PARTIAL_DIR
+from replay.runs.jobs import PARTIAL_DIR
 
 #: the figures ``compare`` shows, in order (``summary.json`` keys)
 FIGURES = ("requests", "finished", "peak_full_used", "peak_swa_used", "mean_swa_used",

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from replay.console import progress_stream
-from replay.runs.sweep import PARTIAL_DIR, _job_result
+from replay.runs.jobs import PARTIAL_DIR
+from replay.runs.jobs import job_result as _job_result
 from replay.runs.zygote import wait_readable
 
 ZYGOTE_LOG = "zygote.log"

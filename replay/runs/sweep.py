@@ -27,55 +27,15 @@ import json
 import os
 import re
 import shutil
-import sys
-import time
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 from replay import knobs
+from replay.runs.jobs import ENV_PREFIX, PARTIAL_DIR, SWEEP_FILE, RunSpec, _fmt, job_result, run_one, sweep_env
 from replay.runs.replay import SUMMARY_FILE, RunError, read_summary, resolve_settings
 
-PARTIAL_DIR = ".partial"
-SWEEP_FILE = "sweep.json"
+_run_one, _job_result, _sweep_env = run_one, job_result, sweep_env  # (names used before jobs.py)
+
 EXECUTORS = ("local", "ray")
-#: a grid key ``env.NAME`` sets the environment variable NAME of a code's process per grid point
-ENV_PREFIX = "env."
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of a sweep: its policy, grid values and directory (relative to the sweep root)."""
-
-    policy: str
-    grid: tuple[tuple[str, object], ...]
-    #: the code's name (``--code name=SPEC``) and spec; "" = the installed sglang (no code level)
-    code: str = ""
-    code_spec: str = ""
-
-    @property
-    def rel_dir(self) -> Path:
-        parts = ([f"code={self.code}"] if self.code else []) + [f"policy={self.policy}"]
-        parts += [f"{k}={_fmt(v)}" for k, v in self.grid]
-        return Path(*parts)
-
-    @property
-    def knob_grid(self) -> dict:
-        """The grid values that are knobs (not ``env.NAME`` switches)."""
-        return {k: v for k, v in self.grid if not k.startswith(ENV_PREFIX)}
-
-    @property
-    def env_grid(self) -> dict:
-        """The grid's ``env.NAME`` values, as environment entries of the code's process."""
-        return {k[len(ENV_PREFIX):]: str(v) for k, v in self.grid if k.startswith(ENV_PREFIX)}
-
-    @property
-    def key(self) -> str:
-        return str(self.rel_dir).replace(os.sep, "/")
-
-
-def _fmt(v: object) -> str:
-    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def parse_grid(items) -> list[tuple[str, list[object]]]:
@@ -138,46 +98,6 @@ def plan(policies, grid, codes: dict[str, str] | None = None) -> list[RunSpec]:
     code_items = list((codes or {"": ""}).items())
     return [RunSpec(p, tuple(zip(names, c)), name, spec) for name, spec in code_items for p in policies
             for c in combos]
-
-
-def _run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, detail: str) -> dict:
-    """Worker body (a fresh process): run ``spec`` into a partial dir, then move it into place."""
-    from replay.runs.replay import replay_run
-
-    final = Path(root) / spec.rel_dir
-    partial = Path(root) / PARTIAL_DIR / f"{spec.key.replace('/', '__')}"
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    overrides = dict(knobs.parse_sets(sets)) | spec.knob_grid
-    t0 = time.perf_counter()
-    try:
-        code_kw = {"code": f"{spec.code}={spec.code_spec}", "env": _sweep_env(root) | spec.env_grid} if spec.code else {}
-        summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail,
-                             **code_kw)
-    except Exception as e:  # reported as a failed run; the others go on
-        from replay.errors import Interrupted
-
-        if isinstance(e, Interrupted):
-            raise
-        msg = str(e) if isinstance(e, RunError) else f"{type(e).__name__}: {e}"
-        return {"run": spec.key, "status": "failed", "error": msg, "traceback": traceback.format_exc(limit=8)}
-    t1 = time.perf_counter()
-    data = summary.to_dict() | {"run": str(final)}
-    (partial / SUMMARY_FILE).write_text(json.dumps(data, indent=1, default=str))
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(partial, final)
-    timing = {"replay_s": round(t1 - t0, 3), "record_s": summary.wall_s,
-              "write_s": round(time.perf_counter() - t1, 3)}
-    return {"run": spec.key, "status": "ok", "timing": timing}
-
-
-def _sweep_env(root: str | Path) -> dict:
-    """The sweep-wide ``--env`` of the sweep at ``root`` (its ``sweep.json``)."""
-    try:
-        return dict(json.loads((Path(root) / SWEEP_FILE).read_text()).get("env") or {})
-    except (OSError, ValueError):
-        return {}
 
 
 def _check_codes(source: Path, specs: list[RunSpec], sets, backend: str) -> dict[str, str]:
@@ -324,18 +244,6 @@ def _run_local(args, jobs: int):
     from replay.runs.pool import run_local
 
     yield from run_local(args, jobs)
-
-
-def _job_result(spec: RunSpec, job: Path, returncode: int) -> dict:
-    """The result a run's process left next to its job file, or a failure naming its exit and log."""
-    out = job.with_suffix("").with_suffix(".result.json")
-    try:
-        return json.loads(out.read_text())
-    except (OSError, ValueError):
-        log = job.with_suffix("").with_suffix(".log")
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
-        return {"run": spec.key, "status": "failed",
-                "error": f"worker exited with status {returncode}" + (f": {' | '.join(tail)}" if tail else "")}
 
 
 def _run_ray(args, jobs: int):

@@ -47,7 +47,7 @@ def preload(backend: str = "sglang") -> list[str]:
     from replay.runs.replay import backend_module
 
     import replay.runs.metrics  # noqa: F401
-    import replay.runs.sweep  # noqa: F401
+    import replay.runs.jobs  # noqa: F401  (the run's own module, before the fork)
 
     backend_module(backend)
     skipped: list[str] = []
@@ -85,7 +85,8 @@ def run_job(job: Path, *, t0: float | None = None, cpu0: float | None = None) ->
             pass
         t_import = time.perf_counter()
         modules_run = len(sys.modules)
-        from replay.runs.sweep import RunSpec, _run_one
+        from replay.runs.jobs import RunSpec
+        from replay.runs.jobs import run_one as _run_one
 
         spec = RunSpec(spec_data["policy"], tuple((k, v) for k, v in spec_data["grid"]),
                        spec_data.get("code", ""), spec_data.get("code_spec", ""))

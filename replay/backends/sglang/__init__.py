@@ -11,6 +11,7 @@ identity check). The bootstrap is ``replay.backends.sglang.env``; the listed pat
 """
 
 from replay.backends.sglang.loop import LoopObserver, RunResult, SglangBackend, StepRecord, run_backend
+from replay.backends.sglang import scheduler as _scheduler  # noqa: F401  (registers scheduler=real)
 from replay.backends.sglang.occupancy import PoolOccupancy
 from replay.backends.sglang.settings import CHOICES, SglangSettings, from_knobs, parse_overrides, setting_names
 from replay.backends.sglang.workload import Workload, WorkloadRequest, load_workload, write_workload

@@ -61,6 +61,11 @@ class _Active:
         self.out_tokens = out_tokens
 
 
+#: ``scheduler`` setting -> the SglangBackend subclass that runs it (``real``: registered by
+#: replay.backends.sglang.scheduler, which the package imports; ``mirror``: SglangBackend itself)
+SCHEDULER_BACKENDS: dict[str, type] = {}
+
+
 class SglangBackend(SchedulerMirror):
     """Runs a workload through the real sglang scheduler and memory classes on CPU.
 
@@ -89,11 +94,15 @@ class SglangBackend(SchedulerMirror):
     # ---------------------------------------------------------------- lifecycle
     def __new__(cls, workload=None, settings=None, **kwargs):
         # The settings pick the scheduler: ``scheduler=real`` (default) is sglang's own
-        # Scheduler (replay.backends.sglang.scheduler), ``mirror`` this module's restatement.
-        if cls is SglangBackend and getattr(settings or SglangSettings(), "scheduler", "mirror") == "real":
-            from replay.backends.sglang.scheduler import RealSchedulerBackend
-
-            cls = RealSchedulerBackend
+        # Scheduler (replay.backends.sglang.scheduler, registered in SCHEDULER_BACKENDS when the
+        # package is imported), ``mirror`` this module's restatement.
+        if cls is SglangBackend:
+            name = getattr(settings or SglangSettings(), "scheduler", "mirror")
+            if name != "mirror":
+                if name not in SCHEDULER_BACKENDS:
+                    raise ValueError(f"scheduler={name!r}: no such backend registered "
+                                     f"(expected mirror or {', '.join(sorted(SCHEDULER_BACKENDS))})")
+                cls = SCHEDULER_BACKENDS[name]
         return super().__new__(cls)
 
     def __enter__(self) -> SglangBackend:

@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from replay.backends.sglang.loop import SglangBackend
+from replay.backends.sglang.loop import SCHEDULER_BACKENDS, SglangBackend
 from replay.backends.sglang.tokens import EOS_TOKEN_ID
 
 #: Vocabulary of the config written for the Scheduler; token ids are validated only against
@@ -524,3 +524,6 @@ def _close_ipc(sched) -> None:
     from replay.backends.sglang.patches import drop_load_snapshot
 
     drop_load_snapshot(sched)  # its /dev/shm file too
+
+
+SCHEDULER_BACKENDS["real"] = RealSchedulerBackend
