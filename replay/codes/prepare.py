@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from replay.codes.sources import CodePrepareError, _python_dir_of, _sha_file, _sha_tree
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: Pins installed next to a code's ``transformers`` pin (measured: transformers 5.6.0 imports
@@ -49,10 +51,6 @@ COMPANION_PINS: dict[str, tuple[str, ...]] = {
 
 _TARBALL_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar", ".tar.bz2")
 _MARKER = "kvtrace-code.json"
-
-
-class CodePrepareError(RuntimeError):
-    """A code spec cannot be prepared; the message names the spec and what failed."""
 
 
 @dataclass(frozen=True)
@@ -98,31 +96,6 @@ def cache_root() -> Path:
     """``$KVTRACE_CODES_DIR`` or ``<repo>/.kvtrace-codes``."""
     env = os.environ.get("KVTRACE_CODES_DIR")
     return Path(env).expanduser().resolve() if env else REPO_ROOT / ".kvtrace-codes"
-
-
-def _sha_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _sha_tree(root: Path) -> str:
-    """Hash of every ``*.py`` and data file under ``root`` (relative names and bytes)."""
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(root)).encode() + b"\0")
-            h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def _python_dir_of(directory: Path) -> Path | None:
-    for cand in (directory / "python", directory):
-        if (cand / "sglang" / "__init__.py").is_file():
-            return cand
-    return None
 
 
 def _is_tarball(path: Path) -> bool:

@@ -28,7 +28,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from replay.codes.prepare import CodePrepareError, _python_dir_of, _sha_file
+from replay.codes.sources import CodePrepareError, _python_dir_of, _sha_file
 
 #: ``sglang==X`` with X a version (PEP 440 characters)
 RELEASE_RE = re.compile(r"sglang==([0-9][0-9A-Za-z.+!_-]*)")
