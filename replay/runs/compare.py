@@ -85,6 +85,7 @@ def compare(path, *, base: str | None = None):
         grid = _grid_of(d, roots)
         rows.append({"run": str(d), "policy": s.policy} | grid | {f: getattr(s, f) for f in FIGURES})
     df = pl.DataFrame(rows, infer_schema_length=None)
+    df = df.with_columns(pl.col(f).cast(pl.Float64) for f in FIGURES if f.endswith("_gb"))  # (all null: no bytes)
     policies = df["policy"].unique(maintain_order=True).to_list()
     codes = _code_order(df, roots)
     if base is None:
