@@ -30,13 +30,17 @@ from replay.console import third_party_to_log
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: a process per run; ray: Ray tasks (RAY_ADDRESS or a local Ray).")
 @click.option("--backend", default="sglang", show_default=True, type=click.Choice(["sglang", "reference"]))
+@click.option("--model", default=None, metavar="NAME",
+              help="Model preset giving each pool's bytes per token for every run's GB figures (as kvtrace replay "
+                   "--model); default: the bytes the trace records.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--force", is_flag=True,
               help="Start over: remove --out first if it holds a kvtrace sweep, run or trace (nothing else).")
 @click.option("--verbose", is_flag=True, help="Show sglang's log lines and warnings on the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the runs and their status).")
 def sweep_cmd(source: str, policies: str | None, codes: tuple[str, ...], env: tuple[str, ...], grid: tuple[str, ...], sets: tuple[str, ...], out: str, jobs: int,
-              executor: str, backend: str, quiet: bool, force: bool, verbose: bool, as_json: bool) -> None:
+              executor: str, backend: str, model: str | None, quiet: bool, force: bool, verbose: bool,
+              as_json: bool) -> None:
     """Replay TRACE_OR_WORKLOAD under every policy x grid point, each run in its own process.
 
     Layout: OUT/policy=<p>/<knob>=<v>/ (one run each; with --code, OUT/code=<name>/policy=...) and
@@ -56,7 +60,7 @@ def sweep_cmd(source: str, policies: str | None, codes: tuple[str, ...], env: tu
             raise click.UsageError("--policies is required (e.g. --policies baseline,swa-fixes), or give --code")
         df = sweep(source, out, policies=(policies or "recorded").split(","), grid=grid, sets=sets, jobs=jobs,
                    executor=executor, backend=backend, progress=not (quiet or as_json), codes=list(codes) or None,
-                   env=env)
+                   env=env, model=model)
     failed = df.filter(df["status"] != "ok")
     if as_json:
         click.echo(json.dumps({"out": out, "runs": df.select("run", "status", "error").to_dicts(),

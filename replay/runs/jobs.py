@@ -74,7 +74,7 @@ def run_one(source: str, root: str, spec: RunSpec, sets: tuple, backend: str, de
     try:
         code_kw = {"code": f"{spec.code}={spec.code_spec}", "env": sweep_env(root) | spec.env_grid} if spec.code else {}
         summary = replay_run(source, partial, policy=spec.policy, sets=overrides, backend=backend, detail=detail,
-                             **code_kw)
+                             model=sweep_model(root), **code_kw)
     except Exception as e:  # reported as a failed run; the others go on
         from replay.errors import Interrupted
 
@@ -100,6 +100,14 @@ def sweep_env(root: str | Path) -> dict:
         return {}
 
 
+def sweep_model(root: str | Path) -> str | None:
+    """The sweep-wide ``--model`` of the sweep at ``root`` (its ``sweep.json``; None: the trace's bytes)."""
+    try:
+        return json.loads((Path(root) / SWEEP_FILE).read_text()).get("model")
+    except (OSError, ValueError):
+        return None
+
+
 def job_result(spec: RunSpec, job: Path, returncode: int) -> dict:
     """The result a run's process left next to its job file, or a failure naming its exit and log."""
     out = job.with_suffix("").with_suffix(".result.json")
@@ -112,4 +120,4 @@ def job_result(spec: RunSpec, job: Path, returncode: int) -> dict:
                 "error": f"worker exited with status {returncode}" + (f": {' | '.join(tail)}" if tail else "")}
 
 
-__all__ = ["ENV_PREFIX", "PARTIAL_DIR", "SWEEP_FILE", "RunSpec", "job_result", "run_one", "sweep_env"]
+__all__ = ["ENV_PREFIX", "PARTIAL_DIR", "SWEEP_FILE", "RunSpec", "job_result", "run_one", "sweep_env", "sweep_model"]

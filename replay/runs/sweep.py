@@ -134,7 +134,7 @@ def _check_codes(source: Path, specs: list[RunSpec], sets, backend: str) -> dict
 
 def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jobs: int = 1,
           executor: str = "local", backend: str = "sglang", detail: str = "counts",
-          progress: bool = False, codes=None, env=()):
+          progress: bool = False, codes=None, env=(), model: str | None = None):
     """Run every (policy, grid point) over ``source`` into ``out``; returns the summary table.
 
     Args:
@@ -152,6 +152,8 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
             level above ``policy=``; each run on its code's own process. A code that cannot be
             prepared or matched has its runs reported failed; the other codes go on.
         env: ``K=V`` strings or a dict for every code's process (grid keys ``env.NAME`` per point).
+        model: a model preset (``replay.models``) for every run's GB figures (kept in ``sweep.json``;
+            a resumed sweep must give the same).
     Returns:
         polars DataFrame of ``out/summary.parquet`` (one row per run).
     Raises:
@@ -176,7 +178,14 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     # fail fast on a bad combination before any process starts; a code that cannot be prepared
     # or matched only fails its own runs
     bad_codes = _check_codes(source, specs, sets, backend)
-    _claim(out, source, policies, grid, sets, backend, codes, env)
+    if model is not None:
+        from replay.models import ModelError, preset
+
+        try:
+            preset(model)
+        except ModelError as e:
+            raise RunError(str(e)) from None
+    _claim(out, source, policies, grid, sets, backend, codes, env, model)
     todo = [s for s in specs if not (out / s.rel_dir / SUMMARY_FILE).is_file() and s.code not in bad_codes]
     shutil.rmtree(out / PARTIAL_DIR, ignore_errors=True)
     results = {s.key: {"run": s.key, "status": "ok"} for s in specs
@@ -209,9 +218,12 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     return _write_table(out, specs, results, grid)
 
 
-def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=None, env=None) -> None:
+def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=None, env=None,
+           model: str | None = None) -> None:
     meta = {"source": str(source), "backend": backend, "grid": {k: [_fmt(v) for v in vs] for k, vs in grid},
             "sets": list(sets)}
+    if model is not None:
+        meta["model"] = model
     if codes:
         meta |= {"codes": dict(codes), "env": dict(env or {})}
     path = out / SWEEP_FILE
@@ -220,6 +232,9 @@ def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=No
         if old.get("source") != meta["source"] or old.get("backend") != backend:
             raise RunError(f"{out} holds a sweep of {old.get('source')} ({old.get('backend')}); "
                            f"choose a new --out for {source} ({backend})")
+        if old.get("model") != model:
+            raise RunError(f"{out}: this sweep ran with --model {old.get('model')}, now {model}; "
+                           "choose a new --out")
         meta["policies"] = list(dict.fromkeys(list(old.get("policies", [])) + list(policies)))
         for name, spec in (codes or {}).items():
             was = (old.get("codes") or {}).get(name)

@@ -110,3 +110,28 @@ def test_replay_with_a_model_preset_reports_gb_and_records_the_source(small_work
     assert "peak_swa_used_gb" in format_table(df, width=400)
     bad = CliRunner().invoke(main, ["replay", str(small_workload), "--out", str(tmp_path / "x"), "--model", "nope"])
     assert bad.exit_code != 0 and "known: llama-3.1-8b" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.sglang
+def test_sweep_model_reaches_every_run_and_a_resume_keeps_it(small_workload, tmp_path):
+    from click.testing import CliRunner
+
+    from replay.cli import main
+
+    out = tmp_path / "S"
+    args = ["sweep", str(small_workload), "--policies", "swa-fixes", "--out", str(out), "--json",
+            *[x for kv in SMALL for x in ("--set", kv)]]
+    r = CliRunner().invoke(main, args + ["--model", "llama-3.1-8b"])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "policy=swa-fixes" / "summary.json").read_text())
+    assert s["kv_bytes"]["model"] == "llama-3.1-8b" and s["peak_full_used_gb"] == round(
+        s["peak_full_used"] * 131072 / 1e9, 6)
+    assert s["peak_swa_used_gb"] is None  # a dense preset has no SWA bytes
+    import polars as pl
+
+    assert pl.read_parquet(out / "summary.parquet")["peak_full_used_gb"][0] == s["peak_full_used_gb"]
+    r = CliRunner().invoke(main, args + ["--model", "mellum-like-swa"])
+    assert r.exit_code != 0 and "ran with --model llama-3.1-8b" in r.output
+    r = CliRunner().invoke(main, ["sweep", str(small_workload), "--policies", "swa-fixes", "--out",
+                                  str(tmp_path / "N"), "--model", "nope"])
+    assert r.exit_code != 0 and "known: llama-3.1-8b" in r.output
