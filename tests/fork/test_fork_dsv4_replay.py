@@ -176,6 +176,10 @@ def test_a_code_replay_has_the_capacities_the_server_had(dsv4_runs):
         rep.divergences[:3]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["run"]["settings"]["kv_stack"] == "dsv4"
+    server = manifest["server"]  # what the fork built, as the capture's server block says
+    cap_server = json.loads((cap / "manifest.json").read_text())["server"]
+    for key in ("full_pool_tokens", "swa_pool_tokens", "host_pool_tokens", "host_swa_pool_tokens"):
+        assert server[key] == cap_server[key], key
 
 
 def test_the_fork_backend_counts_dsv4_retractions_as_its_trace_does(dsv4_runs):

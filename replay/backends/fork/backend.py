@@ -301,6 +301,25 @@ class ForkBackend:
         return res
 
 
+def built_capacities(sched) -> dict:
+    """The pool sizes the fork built (manifest ``server`` keys): full, SWA, and with HiCache the
+    host anchor (``host_pool_tokens``) and the SWA host pool (``host_swa_pool_tokens``)."""
+    alloc = sched.token_to_kv_pool_allocator
+    out = {"full_pool_tokens": int(getattr(alloc, "size_full", getattr(alloc, "size", 0)))}
+    if hasattr(alloc, "size_swa"):
+        out["swa_pool_tokens"] = int(alloc.size_swa)
+    out["host_pool_tokens"] = 0
+    host = getattr(getattr(sched.tree_cache, "cache_controller", None), "mem_pool_host", None)
+    if host is None:
+        return out
+    anchor = getattr(host, "anchor_entry", None)
+    out["host_pool_tokens"] = int(getattr(anchor.host_pool if anchor is not None else host, "size", 0))
+    for entry in getattr(host, "entries", None) or []:
+        if str(getattr(entry, "name", "")).lower().endswith("swa"):
+            out["host_swa_pool_tokens"] = int(entry.host_pool.size)
+    return out
+
+
 def _observer_cls():
     from replay.backends.base import RunObserver
 
@@ -350,10 +369,10 @@ def record(source: str, out: str, settings: dict, *, detail: str = "counts", man
               "sliding_window_tokens": int(settings["sliding_window_tokens"]) if kind != "mha" else 0,
               "full_pool_tokens": int(settings["full_pool_tokens"]),
               "swa_full_tokens_ratio": float(backend.server_args.swa_full_tokens_ratio),
+              **built_capacities(backend.sched),
               "chunked_prefill_size": int(settings["chunked_prefill_size"]),
               "max_prefill_tokens": int(settings["max_prefill_tokens"]),
               "max_running_requests": int(settings["max_running_requests"]),
-              "host_pool_tokens": int(settings["host_pool_tokens"]),
               "hicache_write_policy": settings["hicache_write_policy"] if settings["host_pool_tokens"] else "",
               "eviction_policy": settings["eviction_policy"], "schedule_policy": settings["schedule_policy"],
               "cache_kind": type(backend.sched.tree_cache).__name__, "model": f"kvtrace-fork-{kind}",
@@ -378,7 +397,8 @@ def record(source: str, out: str, settings: dict, *, detail: str = "counts", man
     return {"result": dataclasses.asdict(rec.result),
             "times": {str(k): dataclasses.asdict(v) for k, v in rec.times.items()},
             "sched_cpu_ns": rec.sched_cpu_ns, "wall_ns": rec.wall_ns, "first_arrival_ns": rec.first_arrival_ns,
-            "hook_failures": failures, "target": det.as_dict(), "coverage": cov, "kind": kind, "pools": pools,
+            "hook_failures": failures, "target": det.as_dict(), "coverage": cov, "kind": kind,
+            "pools": pools | {"capacities": built_capacities(backend.sched)},
             "sglang_file": sglang.__file__}
 
 
@@ -401,4 +421,4 @@ class _ProgressFile:
         os.replace(tmp, self.path)
 
 
-__all__ = ["ForkBackend", "detect_target", "is_dsv4_manifest", "model_kind", "record", "server_kwargs"]
+__all__ = ["ForkBackend", "built_capacities", "detect_target", "is_dsv4_manifest", "model_kind", "record", "server_kwargs"]
