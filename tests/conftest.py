@@ -28,3 +28,16 @@ def _register_hypothesis_profiles() -> None:
 
 
 _register_hypothesis_profiles()
+
+
+# A code's process (``replay.codes.call_in_code``) spends 20-45 s importing its sglang: the suite
+# hands the calls of each xdist worker to warm parents that import once and fork a child per call
+# (``replay.codes.warm``; tests/codes/test_warm.py checks a warm call is a cold one). A test that
+# sets KVTRACE_CODE_WARM=0 runs its calls cold.
+def _warm_code_processes() -> None:
+    import os
+
+    os.environ.setdefault("KVTRACE_CODE_WARM", "1")
+
+
+_warm_code_processes()

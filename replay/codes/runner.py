@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay.codes import warm
 from replay.codes.prepare import CodeEnv, prepare
 
 
@@ -83,12 +84,15 @@ def call_in_code(code: CodeEnv | str | os.PathLike, target: str, kwargs: dict | 
         subprocess.TimeoutExpired: past ``timeout_s``.
     """
     code = _as_env(code)
+    environ = code_environ(code, env)
     with tempfile.TemporaryDirectory(prefix="kvtrace-code-call-") as tmp:
         kw, res = Path(tmp) / "kwargs.json", Path(tmp) / "result.json"
         kw.write_text(json.dumps(kwargs or {}))
-        cmd = [sys.executable, "-m", "replay.codes.entry", "call", target, str(kw), str(res)]
         t0 = time.perf_counter()
-        out = subprocess.run(cmd, capture_output=True, text=True, env=code_environ(code, env), timeout=timeout_s)
+        out = _warm_call(target, kw, res, Path(tmp), environ, timeout_s) if warm.enabled() else None
+        if out is None:
+            cmd = [sys.executable, "-m", "replay.codes.entry", "call", target, str(kw), str(res)]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=timeout_s)
         wall = round(time.perf_counter() - t0, 3)
         if not res.is_file():
             raise CodeCallError(f"{target} in {code.spec}: the process exited {out.returncode} without a result; "
@@ -97,6 +101,22 @@ def call_in_code(code: CodeEnv | str | os.PathLike, target: str, kwargs: dict | 
     if not data["ok"]:
         raise CodeCallError(f"{target} in {code.spec}: {data['error']}", data.get("traceback", ""), out.stderr)
     return CodeRun(out.returncode, out.stdout, out.stderr, wall, data["result"], data.get("bootstrap"))
+
+
+def _warm_call(target: str, kw: Path, res: Path, tmp: Path, environ: dict[str, str],
+               timeout_s: float | None) -> subprocess.CompletedProcess | None:
+    """The call in a fresh child of the code's warm parent (``replay.codes.warm``); None when
+    none can start (the caller then runs it cold)."""
+    w = warm.warm_for(environ)
+    if w is None:
+        return None
+    out_p, err_p = tmp / "stdout.txt", tmp / "stderr.txt"
+    try:
+        rc = w.call(target, kw, res, out_p, err_p, environ, timeout_s)
+    except RuntimeError:
+        return None  # the warm parent died: this call runs cold, the next starts a new one
+    read = (lambda p: p.read_text(errors="replace") if p.is_file() else "")
+    return subprocess.CompletedProcess([target], rc, read(out_p), read(err_p))
 
 
 __all__ = ["CodeCallError", "CodeRun", "call_in_code", "code_environ", "run_in_code"]
