@@ -136,7 +136,9 @@ def resolve_settings(source: str | Path, policy: str, sets=(), backend: str = "s
     except Exception as e:
         raise RunError(f"{source}: cannot read its manifest.json ({e}); expected a trace or workload directory") from None
     try:
-        values, assumed = knobs.resolve(policy, sets, knobs.recorded_settings(manifest))
+        from replay.backends.dsv4 import recorded_settings  # DSV4 captures: their stack's facts
+
+        values, assumed = knobs.resolve(policy, sets, recorded_settings(source, manifest))
         knobs.check_backend(values, backend)
     except knobs.KnobError as e:
         raise RunError(str(e)) from None
