@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from replay import knobs
-from replay.runs.replay import SUMMARY_FILE, RunError, RunSummary, _summarize, _write_json
+from replay.runs.summary import SUMMARY_FILE, RunError, RunSummary, _summarize, _write_json
 
 INSTALLED = "installed"
 #: knobs that are behaviour (a commit's own): refused on a code run when set
