@@ -6,7 +6,8 @@ The pools are built by the fork's configurator path (``replay.backends.fork.dsv4
 the allocator's constructor hook writes the entry. Checked: full + ratio × swa equals the
 configurator's ``bytes_per_full_token`` (the coefficient the fork divides the memory budget by);
 each pool's ``allocated_bytes`` equals the bytes its tensors hold, counted here independently;
-the preset ``dsv4-tiny`` (``replay.models``) gives the same figures.
+the preset ``dsv4-tiny`` (``replay.models``) gives the same figures. A second fork process runs
+the DSV4 HiCache stack (the fork's Scheduler, one request) for the host pools' bytes.
 """
 
 from __future__ import annotations
@@ -96,3 +97,42 @@ def test_dsv4_bytes_per_token_equal_the_forks_sizing(fork_codes, tmp_path):
     tiny = preset("dsv4-tiny")
     assert tiny.bytes_per_token["full"] == pytest.approx(full["bytes_per_token"], rel=1e-12)
     assert tiny.bytes_per_token["swa"] == pytest.approx(swa["bytes_per_token"], rel=1e-12)
+
+
+def capture_small(out_dir: str) -> dict:
+    """(In the fork's process.) ``test_fork_dsv4_replay.capture`` (the DSV4 HiCache stack as a server
+    records it) with one short request: the pools are what this test reads, not the traffic."""
+    from tests.fork import test_fork_dsv4_replay as base
+
+    base._requests = lambda: [{"rid": "one", "input_len": 300, "max_new_tokens": 4, "arrival_step": 0}]
+    return base.capture(out_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_dsv4_hicache_host_bytes_are_the_side_pools_buffers(fork_codes, tmp_path):
+    """The DSV4 HiCache stack of ``test_fork_dsv4_replay`` (one fork process, one request): the host
+    pools' bytes are the side pools' buffers (the ``kv`` entry is the logical anchor, no tensor) over the
+    anchor's tokens, as the stats rows count them (126 host pages, 11 SWA host pages)."""
+    from replay.codes import call_in_code
+    from tests.fork.test_fork_dsv4_replay import PS
+    from tests.sglang.hooks_util import rows
+
+    cap = tmp_path / "capture"
+    got = call_in_code(fork_codes["post659"], "tests.fork.test_fork_kv_bytes:capture_small",
+                       {"out_dir": str(cap)}, timeout_s=540).result
+    assert got["failures"] == {}, got["failures"]
+    pools = json.loads(next((cap / "ranks").glob("rank=*.json")).read_text())["kv_bytes"]["pools"]
+    caps = {r["pool"]: int(r["capacity"]) for r in rows(cap, "stats")}
+    assert pools["host_full"]["tokens"] == caps["host_full"] == 126 * PS
+    assert pools["host_swa"]["tokens"] == caps["host_swa"] == 11 * PS
+    for name, parts in (("host_full", {"kv", "deepseek_v4_c4", "deepseek_v4_c4_indexer", "deepseek_v4_c128"}),
+                        ("host_swa", {"swa", "deepseek_v4_c4_state", "deepseek_v4_c4_indexer_state"})):
+        p = pools[name]
+        assert set(p["parts"]) == parts and p["method"] == "host_buffers"
+        assert p["allocated_bytes"] == sum(x["allocated_bytes"] for x in p["parts"].values())
+        assert p["bytes_per_token"] == p["allocated_bytes"] / p["tokens"]
+    assert pools["host_full"]["parts"]["kv"]["allocated_bytes"] == 0  # LogicalHostPool: no tensor
+    # the SWA host pool: one padded SWA page per layer and host page (layer_first)
+    swa = pools["host_swa"]["parts"]["swa"]
+    assert swa["allocated_bytes"] == pools["swa"]["layers"] * 11 * swa["size_per_token"]
