@@ -117,6 +117,7 @@ class EvictMixin:
         self._release_node(node, res)
         parent = node.parent
         del parent.children[node.key[0]]
+        self.version += 1
         self._update_leaf_sets(parent)
         self._delete_dead_ancestors(parent, res)
 
@@ -132,6 +133,7 @@ class EvictMixin:
             parent = cur.parent
             self._release_node(cur, res)
             del parent.children[cur.key[0]]
+            self.version += 1
             self._update_leaf_sets(parent)
             cur = parent
 
@@ -215,5 +217,6 @@ class EvictMixin:
         parent = node.parent
         self._release_node(node, res)
         del parent.children[node.key[0]]
+        self.version += 1
         self._update_leaf_sets(parent)
         self._delete_dead_ancestors(parent, res)

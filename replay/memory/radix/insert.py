@@ -163,6 +163,7 @@ class InsertMixin:
         else:
             old = node.full
             node.full = incoming
+            self.version += 1
             self._defer_full(old)
             swa = self.pools.translate(incoming)
         self._set_swa(node, swa)

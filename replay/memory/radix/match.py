@@ -16,17 +16,28 @@ class GrowingKeys(list):
     nodes whose whole key it found equal to its slice at that offset; a node key is never
     changed in place (a split gives both halves new lists), so the same pair is not compared
     again (a waiting request is matched on every step and by every prefix refresh).
+
+    ``walks`` (pages matched -> (tree, tree version, walk result)) remembers the last walk of
+    each length: a walk reads only the tree's structure (children, keys, which components a
+    node holds, its FULL value lists), every change to which bumps ``RadixTree.version``, so a
+    walk at an unchanged version returns the same result and is not repeated (a waiting request
+    refused step after step walks an unchanged tree). The walk's effects (SWA LRU refresh,
+    recency stamps) are applied on every match all the same.
     """
 
-    __slots__ = ("verified",)
+    __slots__ = ("verified", "walks")
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.verified: dict = {}
+        self.walks: dict = {}
 
 
 class MatchMixin:
     """Match half of ``RadixTree``."""
+
+    #: reuse a walk of an unchanged tree (``GrowingKeys.walks``); off only to test that it is exact
+    walk_memo = True
 
     def refresh_swa_lru(self, node) -> None:
         """Move live-SWA nodes at and above ``node`` to MRU.
@@ -88,7 +99,14 @@ class MatchMixin:
         node, off, n = self.root, 0, len(key)
         if limit is not None and limit < n:
             n = max(0, limit)
-        verified = key.verified if type(key) is GrowingKeys else None
+        verified = version = None
+        if type(key) is GrowingKeys:
+            verified = key.verified
+            if self.walk_memo:
+                memo = key.walks.get(n)
+                if memo is not None and memo[0] is self and memo[1] == self.version:
+                    return memo[2]
+                version = self.version
         values: list[list[int]] = []
         best = best_dev = self.root
         best_dev_chunks = 0
@@ -149,7 +167,10 @@ class MatchMixin:
             off += m
             if partial:
                 break
-        return values, best, best_dev, best_dev_chunks, full_hit_pages
+        result = values, best, best_dev, best_dev_chunks, full_hit_pages
+        if version is not None and self.version == version:  # no split: the walk is a pure read
+            key.walks[n] = (self, version, result)
+        return result
 
     def _finish_match(self, values, best, best_dev, best_dev_chunks, full_hit_pages) -> MatchResult:
         ps, root = self.ps, self.root

@@ -73,6 +73,10 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self._next_ack = 0
         self.load_back_evicted: list = []  # the EvictResults of the last load_back's device room
         self.clock = 0.0
+        # bumped by every change a match walk reads (children, keys, which components a node
+        # holds, a node's FULL value list): a walk memo (``GrowingKeys.walks``) is valid while
+        # the version it was taken at is current
+        self.version = 0
         self._next_node_id = 0
         self._next_uuid = 0
         self.root = self._new_node([], None)
@@ -111,6 +115,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
     # ---- ledger-keeping setters --------------------------------------------------------
 
     def _set_full(self, node: Node, pages: list[int]) -> None:
+        self.version += 1
         node.full = pages
         node.parent.dev_children += 1
         n = len(pages) * self.ps
@@ -120,6 +125,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
             self.full_evictable += n
 
     def _take_full(self, node: Node) -> list[int]:
+        self.version += 1
         pages, node.full = node.full, None
         node.parent.dev_children -= 1
         n = len(pages) * self.ps
@@ -130,6 +136,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         return pages
 
     def _set_swa(self, node: Node, pages: list[int]) -> None:
+        self.version += 1
         node.swa = pages
         n = len(pages) * self.ps
         if node.swa_lock > 0:
@@ -141,6 +148,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self.swa_lru.insert_mru(node)
 
     def _take_swa(self, node: Node, to_host_lru: bool = True) -> list[int]:
+        self.version += 1
         pages, node.swa = node.swa, None
         n = len(pages) * self.ps
         if node.swa_lock > 0:
@@ -153,21 +161,25 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         return pages
 
     def _set_full_host(self, node: Node, pages: list[int]) -> None:
+        self.version += 1
         node.full_host = pages
         self.host_full_tokens += len(pages) * self.ps
 
     def _take_full_host(self, node: Node) -> list[int]:
+        self.version += 1
         pages, node.full_host = node.full_host, None
         self.host_full_tokens -= len(pages) * self.ps
         return pages
 
     def _set_swa_host(self, node: Node, pages: list[int]) -> None:
+        self.version += 1
         node.swa_host = pages
         self.host_swa_tokens += len(pages) * self.ps
         if node.swa is None:
             self.swa_host_lru.insert_mru(node)
 
     def _take_swa_host(self, node: Node) -> list[int]:
+        self.version += 1
         pages, node.swa_host = node.swa_host, None
         self.host_swa_tokens -= len(pages) * self.ps
         if node in self.swa_host_lru:
@@ -266,6 +278,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         The child object keeps the newer part; locks are copied to both halves and the SWA
         lock boundary uuid moves to the new parent (it marks the segment's older edge).
         """
+        self.version += 1
         parent = child.parent
         new = self._new_node(child.key[:num_pages], parent)
         new.creation_time = child.creation_time
@@ -302,6 +315,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         return new
 
     def _add_leaf(self, parent: Node, key: list[int], pages: list[int], priority: int) -> Node:
+        self.version += 1
         node = self._new_node(key, parent)
         node.priority = priority
         parent.children[key[0]] = node
