@@ -272,14 +272,16 @@ def _causes(holders: list[dict], st) -> tuple[list[dict], list[dict]]:
 
 def recorded(tr) -> tuple[dict, dict]:
     """(knob values, ``SGLANG_*`` switches) the trace was recorded with: the manifest's recorded
-    settings (:func:`replay.knobs.recorded_settings`) and ``env``, then ``backend.json``'s
-    ``settings`` and ``env`` (written by ``kvtrace record``) over them."""
+    settings (:func:`replay.backends.dsv4.recorded_settings`: a DeepSeek-V4 capture's completed
+    from its stack's facts) and ``env``, then ``backend.json``'s ``settings`` and ``env`` (written
+    by ``kvtrace record``) over them."""
     import json
     from pathlib import Path
 
-    from replay.knobs import KNOB_BY_NAME, KnobError, recorded_settings
+    from replay.backends.dsv4 import recorded_settings
+    from replay.knobs import KNOB_BY_NAME, KnobError
 
-    knobs = recorded_settings(tr.manifest)
+    knobs = recorded_settings(tr.path, tr.manifest)
     env = {k: str(v) for k, v in (tr.manifest.get("env") or {}).items() if str(k).startswith("SGLANG_")}
     try:
         meta = json.loads((Path(tr.path) / "backend.json").read_text())

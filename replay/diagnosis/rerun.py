@@ -35,7 +35,19 @@ def recorded_settings(tr) -> tuple[list[str], dict, dict]:
         sets = [f"{k}={v}" for k, v in (meta.get("settings") or {}).items()]
         return sets, meta.get("incident") or {}, dict(meta.get("env") or {})
     server = tr.manifest.get("server") or {}
-    return [f"{k}={server[k]}" for k in SERVER_TO_SETTING if server.get(k) not in (None, "")], {}, {}
+    sets = [f"{k}={server[k]}" for k in SERVER_TO_SETTING if server.get(k) not in (None, "")]
+    from replay.backends import dsv4
+
+    if dsv4.is_dsv4(tr.path, tr.manifest):  # a DSV4 capture: the sizes its stack's facts give
+        have = {s.split("=", 1)[0] for s in sets}
+        sets += [f"{k}={v}" for k, v in dsv4.recorded_settings(tr.path, tr.manifest).items()
+                 if k in DSV4_SETTINGS and k not in have]
+    return sets, {}, {}
+
+
+#: the knobs a DSV4 capture's rank facts complete (``replay.backends.dsv4.recorded_settings``)
+DSV4_SETTINGS = ("kv_stack", "page_size", "sliding_window_tokens", "full_pool_tokens", "swa_pool_tokens",
+                 "swa_full_tokens_ratio", "host_pool_tokens", "host_swa_pool_tokens")
 
 
 def workload_rows(tr, rank: int = 0) -> list[dict]:

@@ -199,3 +199,19 @@ def test_the_reference_backend_replays_it_with_the_dsv4_capacities_and_retractio
     assert s.retractions == _retract_rows(ref) == dsv4_runs["fork_summary"].retractions >= 1
     assert s.finished == s.requests and abs(s.steps - dsv4_runs["fork_summary"].steps) <= 0.02 * s.steps
     assert verify(ref).divergences == []
+
+
+def test_doctor_reads_a_dsv4_capture_with_its_stack(dsv4_runs):
+    """``doctor``'s recorded settings and its re-runs' settings (``--replay``) are the DSV4 ones."""
+    from replay.diagnosis.doctor import recorded
+    from replay.diagnosis.rerun import recorded_settings
+    from replay.trace import open_trace
+
+    tr = open_trace(dsv4_runs["capture"])
+    knobs, _env = recorded(tr)
+    assert knobs["kv_stack"] == "dsv4" and knobs["page_size"] == PS and knobs["swa_full_tokens_ratio"] == 0.1
+    assert (knobs["host_pool_tokens"], knobs["host_swa_pool_tokens"]) == (126 * PS, 11 * PS)
+    sets, _incident, _ = recorded_settings(tr)
+    got = dict(s.split("=", 1) for s in sets)
+    assert got["kv_stack"] == "dsv4" and int(got["page_size"]) == PS
+    assert (int(got["full_pool_tokens"]), int(got["host_swa_pool_tokens"])) == (FULL, 11 * PS)
