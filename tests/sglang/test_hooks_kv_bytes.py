@@ -35,6 +35,9 @@ def test_capture_records_the_bytes_sglang_reports_for_its_pools(tmp_path):
             "mem_usage_gb": {"full": kv.full_kv_pool.mem_usage, "swa": kv.swa_kv_pool.mem_usage},
             "host": {name: (hp.size_per_token, hp.size) for name, hp in host.items()},
         }
+    import tracer.sglang as hooks
+
+    assert dict(hooks.failures) == {}
     got = _rank_entry(path)["kv_bytes"]
     pools = got["pools"]
     assert got["kv_pool"] == "SWAKVPool"
