@@ -72,7 +72,11 @@ class RadixCache:
         self.tree.touch(key)
 
     def is_fresh(self, m: MatchResult) -> bool:
-        """Whether a match's device anchor is still attached and on device."""
+        """Whether a match's device anchor is still attached and on device (at once when the
+        tree has not changed since the match: its path is the one the match walked, on device
+        down to the anchor, as the tree's integrity check requires of every device node)."""
+        if m.tree_version is not None and m.tree_version == self.tree.version:
+            return True
         node, root = m.last_device_node, self.tree.root
         while node is not root:
             parent = node.parent

@@ -42,6 +42,7 @@ class MatchResult:
         prefix_pages: device page ids of the device hit (the request's prefix row).
         last_device_node: node that ends the device hit (lock anchor); the root if none.
         best_match_node: node that ends device + host hit.
+        tree_version: the radix tree's version right after the match (None: no tree).
     """
 
     device_hit_tokens: int = 0
@@ -52,6 +53,7 @@ class MatchResult:
     prefix_pages: list[int] = field(default_factory=list)
     last_device_node: Any = None
     best_match_node: Any = None
+    tree_version: int | None = None  # the tree's ``RadixTree.version`` right after the match
 
 
 @dataclass

@@ -210,4 +210,5 @@ class MatchMixin:
             prefix_pages=prefix,
             last_device_node=best_dev,
             best_match_node=best,
+            tree_version=self.version,
         )
