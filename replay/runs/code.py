@@ -14,8 +14,10 @@ code's process, shared by :func:`replay_code` (``replay``, ``sweep``) and :func:
 A code that is not ``installed`` runs in its own process (:func:`replay.codes.call_in_code`), on
 the replay backend of its target, recognized from its code (``tracer.sglang.targets.detect``,
 never the version string): the fork's commits (``bytedance-dsv4-*``) on
-:mod:`replay.backends.fork.backend`. A code whose target is unknown, or has no backend for a
-separate process, is refused naming what failed.
+:mod:`replay.backends.fork.backend`, an upstream release (``sglang-*``, e.g. ``sglang==0.5.22``
+recognized as ``sglang-0.5.23`` by names and signatures) on the real-code backend in that
+release's process (:mod:`replay.backends.sglang.code_run`, :data:`CODE_ENTRIES`). A code whose
+target is unknown is refused naming what failed.
 
 No behaviour patch reaches a code: a commit is its own behaviour. So a code run takes the preset
 ``recorded`` only, and the policy knobs (:data:`POLICY_KNOBS`) are the code's own; setting one
@@ -49,6 +51,10 @@ INSTALLED = "installed"
 #: knobs that are behaviour (a commit's own): refused on a code run when set
 POLICY_KNOBS = ("swa_lru_refresh", "swa_admission", "host_free", "swa_out_of_window_release",
                 "swa_release_boundary", "prefix_ownership", "device_free")
+#: a code's backend -> the entry point its process calls (JSON contract of
+#: ``replay.backends.fork.backend.record``)
+CODE_ENTRIES = {"fork": "replay.backends.fork.backend:record",
+                "sglang": "replay.backends.sglang.code_run:record"}
 #: knobs the fork's backend cannot express when set: knob -> why
 FORK_REFUSED = {"tree_core": "the fork's tree is pure Python (no Rust core)",
                 "scheduler": "the fork backend drives the fork's own Scheduler",
@@ -78,6 +84,12 @@ class Code:
     @property
     def installed(self) -> bool:
         return self.env is None
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs it in its process: ``fork`` (the DeepSeek-V4 fork's commits) or
+        ``sglang`` (an upstream release: the real-code backend against that release's classes)."""
+        return "fork" if self.target.startswith("bytedance-dsv4") else "sglang"
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -155,10 +167,6 @@ def resolve_code(spec: str, name: str | None = None) -> Code:
     det = detect(env.python_dir / "sglang")
     if det.target is None:
         raise RunError(f"code {name} ({spec}): {det.reason}")
-    if not det.target_name.startswith("bytedance-dsv4"):
-        raise RunError(f"code {name} ({spec}) is {det.target_name} ({det.reason}), which runs in-process only as "
-                       f"the installed sglang: use --code {INSTALLED} (no replay backend runs it in a separate "
-                       f"process yet)")
     return Code(name, spec, env.sha, det.target_name, det.fingerprint or "", det.fingerprint_known, det.reason,
                 env)
 
@@ -270,7 +278,7 @@ def replay_code(source: str | Path, out: str | Path, code: Code | str, *, policy
     if out.exists() and (not out.is_dir() or any(p.name != "sglang.log" for p in out.iterdir())):
         raise RunError(f"{out}: exists and is not an empty directory; choose a new --out")
     proc_env = recorded_env(source) | parse_env(env)
-    run_block = {"policy": policy, "backend": "fork", "source": str(source), "settings": reaching_settings(values),
+    run_block = {"policy": policy, "backend": code.backend, "source": str(source), "settings": reaching_settings(values),
                  "assumed": assumed, "code": code.as_dict(), "env": proc_env,
                  "policy_knobs": "the code's own (no patch)"}
     rec, data = record_on_code(code, source, out, values, run_block, env=proc_env, detail=detail,
@@ -303,11 +311,11 @@ def record_code(workload: str | Path, out: str | Path, code: Code, *, overrides=
     values, _ = code_settings(workload, "recorded", overrides, base={})
     proc_env = recorded_env(workload) | parse_env(env)
     reaching = reaching_settings(values)
-    run_block = {"command": "record", "backend": "fork", "source": str(workload), "settings": reaching,
+    run_block = {"command": "record", "backend": code.backend, "source": str(workload), "settings": reaching,
                  "code": code.as_dict(), "env": proc_env, "policy_knobs": "the code's own (no patch)"}
     rec, data = record_on_code(code, workload, out, values, run_block, env=proc_env, detail=detail,
                                progress=progress, timeout_s=timeout_s)
-    return {"trace": str(out), "workload": str(workload), "backend": "fork", "sglang_version": code.target,
+    return {"trace": str(out), "workload": str(workload), "backend": code.backend, "sglang_version": code.target,
             "settings": reaching, "patches": [], "code": code.as_dict() | {"kind": data["kind"], "pools": data["pools"]},
             "env": proc_env, "coverage": data.get("coverage"), "hook_failures": rec.hook_failures,
             "result": dataclasses.asdict(rec.result), "end_state": "complete"}
@@ -344,7 +352,7 @@ def record_on_code(code: Code, source: str | Path, out: str | Path, values: dict
 
     def call() -> None:
         try:
-            box["run"] = call_in_code(code.env, "replay.backends.fork.backend:record", kwargs, env=env,
+            box["run"] = call_in_code(code.env, CODE_ENTRIES[code.backend], kwargs, env=env,
                                       timeout_s=timeout_s)
         except BaseException as e:  # noqa: BLE001 - reported below
             box["error"] = e

@@ -152,12 +152,10 @@ def test_a_release_wheel_is_unpacked_cached_by_content_and_recognized_by_code(ca
     fake_pip["metadata_version"] = "0.5.99"
     assert prepare("sglang==0.5.98").python_dir == env.python_dir and fake_pip["calls"] == 2
     # recognized by its code (the fingerprinted files are 0.5.23's), never by the version string;
-    # no backend runs an upstream release in its own process, so it is refused naming that
-    with pytest.raises(RunError) as e:
-        resolve_code("sglang==0.5.99")
-    msg = str(e.value)
-    assert msg.startswith("code sglang-0.5.99 (sglang==0.5.99) is sglang-0.5.23 (sglang-0.5.23: known source "
-                          "fingerprint") and "runs in-process only" in msg
+    # it runs on the real-code backend in its own process
+    code = resolve_code("sglang==0.5.99")
+    assert code.target == "sglang-0.5.23" and code.fingerprint_known and code.backend == "sglang"
+    assert not code.installed and code.env.python_dir == env.python_dir
 
 
 def test_an_unknown_release_is_refused_as_other_specs_are(cache, fake_pip):
