@@ -134,7 +134,7 @@ def _check_codes(source: Path, specs: list[RunSpec], sets, backend: str) -> dict
 
 def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jobs: int = 1,
           executor: str = "local", backend: str = "sglang", detail: str = "counts",
-          progress: bool = False, codes=None, env=(), model: str | None = None):
+          progress: bool = False, codes=None, env=(), model: str | None = None, points=None):
     """Run every (policy, grid point) over ``source`` into ``out``; returns the summary table.
 
     Args:
@@ -154,6 +154,9 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
         env: ``K=V`` strings or a dict for every code's process (grid keys ``env.NAME`` per point).
         model: a model preset (``replay.models``) for every run's GB figures (kept in ``sweep.json``;
             a resumed sweep must give the same).
+        points: instead of ``grid``'s cross product, these grid points (``[{knob: value}]``, all
+            with the same knobs in the same order; e.g. full/SWA pool pairs at one memory budget,
+            ``replay.runs.plan``). A resumed sweep may add points.
     Returns:
         polars DataFrame of ``out/summary.parquet`` (one row per run).
     Raises:
@@ -168,13 +171,21 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     if not policies:
         raise RunError("no policies given; e.g. --policies baseline,swa-fixes (see kvtrace policies)")
     grid = grid if grid and isinstance(grid[0], tuple) and isinstance(grid[0][1], list) else parse_grid(grid)
+    if points is not None:
+        if grid:
+            raise RunError("give grid points or a grid, not both")
+        points = _check_points(points)
     from replay.runs.code import parse_codes, parse_env
 
     codes = parse_codes(codes) if codes and not isinstance(codes, dict) else dict(codes or {})
     env = parse_env(env)
     if env and not codes:
         raise RunError("--env applies to a code's own process; give --code name=SPEC,...")
-    specs = plan(policies, grid, codes)
+    specs = plan(policies, grid, codes) if points is None else \
+        [RunSpec(p, tuple(pt.items()), name, spec) for name, spec in (codes or {"": ""}).items()
+         for p in policies for pt in points]
+    if points is not None:
+        grid = [(k, list(dict.fromkeys(pt[k] for pt in points))) for k in points[0]] if points else []
     # fail fast on a bad combination before any process starts; a code that cannot be prepared
     # or matched only fails its own runs
     bad_codes = _check_codes(source, specs, sets, backend)
@@ -218,6 +229,19 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     return _write_table(out, specs, results, grid)
 
 
+def _check_points(points) -> list[dict]:
+    """Explicit grid points: each a ``{knob: value}`` with the same knobs, values checked."""
+    out = []
+    for pt in points:
+        try:
+            out.append({k: knobs.knob(k).parse(str(v)) for k, v in dict(pt).items()})
+        except knobs.KnobError as e:
+            raise RunError(str(e)) from None
+    if out and any(list(pt) != list(out[0]) for pt in out):
+        raise RunError("grid points must all set the same knobs, in the same order")
+    return out
+
+
 def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=None, env=None,
            model: str | None = None) -> None:
     meta = {"source": str(source), "backend": backend, "grid": {k: [_fmt(v) for v in vs] for k, vs in grid},
@@ -236,6 +260,8 @@ def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=No
             raise RunError(f"{out}: this sweep ran with --model {old.get('model')}, now {model}; "
                            "choose a new --out")
         meta["policies"] = list(dict.fromkeys(list(old.get("policies", [])) + list(policies)))
+        for k, vs in (old.get("grid") or {}).items():  # a resumed sweep keeps the values it ran
+            meta["grid"][k] = list(dict.fromkeys(list(vs) + meta["grid"].get(k, [])))
         for name, spec in (codes or {}).items():
             was = (old.get("codes") or {}).get(name)
             if was is not None and was != spec:

@@ -1,0 +1,93 @@
+"""``kvtrace plan``: thin wrapper over :func:`replay.runs.plan.plan`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from replay.cli.text import force_out
+from replay.console import third_party_to_log
+
+
+@click.command("plan")
+@click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
+@click.option("--kv-gb", type=float, required=True, help="Device KV budget in GB (10^9 bytes) to split.")
+@click.option("--host-gb", type=float, default=None, help="HiCache host pool in GB (default: no host pool).")
+@click.option("--objective", type=click.Choice(["hit_ratio", "ttft_p99"]), default="hit_ratio", show_default=True,
+              help="What the best split maximizes (prefix-hit ratio) or minimizes (TTFT p99).")
+@click.option("--ratios", default=None, metavar="R1,R2,...",
+              help="swa_full_tokens_ratio values to try (default: 13 values from 0.02 to 1.0).")
+@click.option("--policy", default="recorded", show_default=True, help="Preset every split replays under.")
+@click.option("--model", default=None, metavar="NAME",
+              help="Model preset giving the pools' bytes per token (needed when the trace records none).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Plan directory: a sweep (re-running resumes) plus plan.json.")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Replays at a time.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--confirm", is_flag=True,
+              help="Re-run the winner and its two neighbours on the real sglang backend (~8x real time here).")
+@click.option("--no-early-stop", is_flag=True, help="Replay every ratio (no stop at 99 % of the attainable hit ratio).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True, help="Start over: remove --out first if it holds a kvtrace sweep.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the plan).")
+def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, ratios: str | None, policy: str,
+             model: str | None, out: str, jobs: int, executor: str, confirm: bool, no_early_stop: bool, quiet: bool,
+             force: bool, as_json: bool) -> None:
+    """Split a device KV budget between the full and SWA pools for TRACE_OR_WORKLOAD.
+
+    Each swa_full_tokens_ratio gives the full and SWA pool sizes the budget buys; each split is
+    replayed (reference backend, in parallel, resumable); the best split that finishes every
+    request without retractions or aborts is recommended with its server arguments. Stops
+    early once a split reaches 99 % of the attainable hit ratio (docs/capacity.md).
+    """
+    from replay.record import signals_as_interrupts
+    from replay.runs.plan import plan
+    from replay.runs.summary import RunError
+
+    try:
+        rs = [float(x) for x in ratios.split(",") if x.strip()] if ratios else None
+    except ValueError:
+        raise RunError(f"--ratios {ratios!r}: expected numbers, e.g. 0.1,0.2,0.5") from None
+    force_out(out, force, check=False, inputs=(source,))
+    with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=False):
+        res = plan(source, out, kv_gb=kv_gb, host_gb=host_gb, objective=objective, ratios=rs, policy=policy,
+                   model=model, jobs=jobs, executor=executor, confirm=confirm, early_stop=not no_early_stop,
+                   progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), default=str))
+        return
+    for line in plan_lines(res):
+        click.echo(line)
+
+
+def plan_lines(res) -> list[str]:
+    """The plan as a table and the recommended server arguments."""
+    c = res.config
+    out = [f"plan {c.source}: {c.kv_gb:g} GB of device KV"
+           + (f", {c.host_gb:g} GB host" if c.host_gb else "")
+           + f", objective {c.objective}; bytes/token full {res.bytes_per_token['full']:g}, "
+             f"swa {res.bytes_per_token['swa']:g}; attainable hit ratio {res.attainable_hit_ratio:.3f}"]
+    out.append(f"{'ratio':>6} {'full tok':>10} {'swa tok':>9} {'full GB':>8} {'swa GB':>7} {'hit':>6} "
+               f"{'ttft p99':>9} {'retract':>7} {'aborted':>7} {'peak swa':>9}  ")
+    for r in res.rows:
+        mark = ("*" if r is res.best or r == res.best else " ") + \
+            ("r" if res.recorded_ratio is not None and abs(r["swa_full_tokens_ratio"] - res.recorded_ratio) < 1e-9 else " ")
+        if r.get("status") != "ok":
+            out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
+                       f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  failed {mark}")
+            continue
+        out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
+                   f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f} {r['prefix_hit_ratio']:>6.3f} "
+                   f"{r['ttft_p99_ms']:>9.1f} {r['retractions']:>7} {r['aborted']:>7} {r['peak_swa_used']:>9,} {mark}")
+    out.append("* recommended" + (f", r recorded ({res.recorded_ratio:g})" if res.recorded_ratio is not None else "")
+               + ("; stopped early (99 % of the attainable hit ratio)" if res.early_stopped else ""))
+    if res.best:
+        out.append("server arguments: " + " ".join(res.server_args))
+    for c_ in res.confirm:
+        out.append(f"confirm ratio {c_['swa_full_tokens_ratio']:g}: "
+                   + (f"hit {c_['reference_hit_ratio']:.3f} -> real {c_['real_hit_ratio']:.3f}, peak swa "
+                      f"{c_['reference_peak_swa']:,} -> {c_['real_peak_swa']:,}: "
+                      f"{'agrees' if c_['agrees'] else 'PARTS'}" if "real_hit_ratio" in c_ else c_.get("error", "")))
+    out += [f"note: {n}" for n in res.notes]
+    return out

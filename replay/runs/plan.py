@@ -1,0 +1,252 @@
+"""``kvtrace plan``: at a fixed device KV budget, which full/SWA split serves a trace best.
+
+The budget ``kv_gb`` (10^9 bytes) buys ``full_pool_tokens`` F and ``swa_pool_tokens`` S at each
+``swa_full_tokens_ratio`` r as sglang sizes a hybrid SWA pool from its memory (docs/capacity.md,
+"Bytes per token"): ``F = B / (bf + r * bs)``, ``S = r * F`` (both down to whole pages), with
+``bf`` / ``bs`` the full and SWA pools' bytes per token (the trace's, or a ``--model`` preset's:
+:func:`replay.runs.kv_gb.resolve_bytes`). ``host_gb`` sizes the HiCache host pool the same way.
+
+Each split is one replay (the reference backend by default, in parallel: the sweep machinery,
+so a plan is a resumable sweep directory); splits run from the smallest SWA share up, a batch of
+``jobs`` at a time. Feasible splits finish every request with no retraction and no abort; the
+best feasible one for the objective (``hit_ratio``: the highest prefix-hit ratio; ``ttft_p99``:
+the lowest TTFT p99) is recommended, with its server arguments. Early stop: once a feasible
+split reaches 99 % of the attainable hit ratio (the one-pass LRU curve of the full pool at the
+workload's footprint, :func:`replay.analysis.capacity.capacity_curve`: no split can beat it),
+the larger SWA shares are not run. ``confirm`` re-runs the winner and its two neighbours on the
+real sglang backend and says whether the reference's figures hold (hit ratio within 0.01, peak
+SWA within 2 %); where they part, the plan trusts the real backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from replay.runs.summary import SUMMARY_FILE, RunError, read_summary
+
+GB = 1e9
+#: ``swa_full_tokens_ratio`` values tried by default (sglang's default 0.8; DSV4's 0.1)
+DEFAULT_RATIOS = (0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+OBJECTIVES = ("hit_ratio", "ttft_p99")
+#: a feasible split at this share of the attainable hit ratio ends the search
+EARLY_STOP_SHARE = 0.99
+#: agreement of ``confirm``: |hit ratio difference| and relative peak SWA difference
+HIT_TOLERANCE, PEAK_SWA_TOLERANCE = 0.01, 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanConfig:
+    """What a plan was asked (saved with its result)."""
+
+    source: str
+    kv_gb: float
+    host_gb: float | None = None
+    objective: str = "hit_ratio"
+    ratios: tuple = DEFAULT_RATIOS
+    policy: str = "recorded"
+    backend: str = "reference"
+    model: str | None = None
+    jobs: int = 2
+
+
+@dataclasses.dataclass
+class PlanResult:
+    """The splits tried (one row each: sizes, GB, the run's figures, ``feasible``), the recommended
+    one, the recorded setting's row (when the trace's ratio was among those tried), the server
+    arguments to set, and what ``confirm`` found."""
+
+    config: PlanConfig
+    bytes_per_token: dict
+    attainable_hit_ratio: float
+    rows: list[dict]
+    best: dict | None
+    recorded_ratio: float | None
+    early_stopped: bool
+    server_args: list[str]
+    confirm: list[dict] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def split(kv_gb: float, ratio: float, bytes_per_token: dict, page_size: int) -> tuple[int, int]:
+    """(full, SWA) pool tokens the budget buys at ``ratio`` (whole pages, at least one each)."""
+    bf, bs = float(bytes_per_token["full"]), float(bytes_per_token["swa"])
+    full = int(kv_gb * GB / (bf + ratio * bs)) // page_size * page_size
+    swa = int(full * ratio) // page_size * page_size
+    return max(full, page_size), max(swa, page_size)
+
+
+def host_tokens(host_gb: float, ratio: float, bytes_per_token: dict, page_size: int) -> int:
+    """Host pool tokens ``host_gb`` buys (its full-token share: the SWA host rows in proportion)."""
+    hf = bytes_per_token.get("host_full") or bytes_per_token["full"]
+    hs = bytes_per_token.get("host_swa") or 0.0
+    return max(page_size, int(host_gb * GB / (hf + ratio * hs)) // page_size * page_size)
+
+
+def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | None = None,
+         objective: str = "hit_ratio", ratios=None, policy: str = "recorded", backend: str = "reference",
+         model: str | None = None, jobs: int = 2, executor: str = "local", confirm: bool = False,
+         early_stop: bool = True, progress: bool = False) -> PlanResult:
+    """Find the best full/SWA split of ``kv_gb`` for ``source`` (see the module docstring).
+
+    Raises:
+        RunError: a bad budget, objective or ratio; no bytes per token (give ``model``); or what
+            the sweep refuses (source, policy, backend, ``out`` holding another sweep).
+    """
+    from replay.analysis.capacity import capacity_curve
+    from replay.runs.kv_gb import resolve_bytes
+    from replay.runs.sweep import sweep
+
+    source, out = Path(source), Path(out)
+    if objective not in OBJECTIVES:
+        raise RunError(f"--objective {objective!r}: expected one of {', '.join(OBJECTIVES)}")
+    if not (isinstance(kv_gb, (int, float)) and math.isfinite(kv_gb) and 0 < kv_gb <= 1e5):
+        raise RunError(f"--kv-gb {kv_gb}: expected a positive number of GB (at most 100000)")
+    if host_gb is not None and not (math.isfinite(host_gb) and 0 < host_gb <= 1e6):
+        raise RunError(f"--host-gb {host_gb}: expected a positive number of GB (at most 1000000)")
+    ratios = sorted(set(float(r) for r in (ratios or DEFAULT_RATIOS)))
+    if not ratios or any(not (0 < r <= 4) for r in ratios):
+        raise RunError(f"ratios {ratios}: expected swa_full_tokens_ratio values in (0, 4]")
+    from replay.models import ModelError
+
+    try:
+        kvb = resolve_bytes(source, model)
+    except ModelError as e:
+        raise RunError(str(e)) from None
+    bpt = kvb.get("bytes_per_token") or {}
+    if not bpt.get("full") or not bpt.get("swa"):
+        raise RunError(f"{source}: no bytes per token of the full and SWA pools (the trace records none); "
+                       "give --model NAME (kvtrace plan --help lists the presets)")
+    page = _page_size(source)
+    cfg = PlanConfig(str(source), float(kv_gb), host_gb, objective, tuple(ratios), policy, backend, model, jobs)
+    points = []
+    for r in ratios:
+        f, s = split(kv_gb, r, bpt, page)
+        pt = {"swa_full_tokens_ratio": r, "full_pool_tokens": f, "swa_pool_tokens": s}
+        if host_gb:
+            pt["host_pool_tokens"] = host_tokens(host_gb, r, bpt, page)
+        points.append(pt)
+    try:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it
+        attainable = float(capacity_curve(source).at(max(p["full_pool_tokens"] for p in points)))
+    except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop
+        attainable = 1.0
+    rows, early = [], False
+    for i in range(0, len(points), max(1, jobs)):
+        batch = points[i:i + max(1, jobs)]
+        sweep(source, out, policies=[policy], points=batch, jobs=jobs, executor=executor, backend=backend,
+              progress=progress, model=model)
+        rows += [_row(out, policy, pt, bpt) for pt in batch]
+        best = _best(rows, objective)
+        if early_stop and best is not None and best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * attainable \
+                and i + len(batch) < len(points):
+            early = True
+            break
+    best = _best(rows, objective)
+    recorded = _recorded_ratio(source)
+    notes = []
+    if best is None:
+        notes.append("no split finished every request without retractions or aborts at this budget: "
+                     "raise --kv-gb")
+    res = PlanResult(cfg, bpt, round(attainable, 6), rows, best, recorded, early,
+                     server_args(best, host_gb) if best else [], notes=notes)
+    if confirm and best is not None:
+        res.confirm = _confirm(source, out, res, policy, jobs, model)
+        parted = [c for c in res.confirm if not c["agrees"]]
+        if parted:
+            res.notes.append("the real sglang backend parts from the reference at "
+                             + ", ".join(f"ratio {c['swa_full_tokens_ratio']}" for c in parted)
+                             + ": trust the real backend's figures (confirm rows)")
+    (out / "plan.json").write_text(__import__("json").dumps(res.to_dict(), indent=1, default=str))
+    return res
+
+
+def server_args(row: dict, host_gb: float | None) -> list[str]:
+    """The sglang server arguments of a split."""
+    args = ["--swa-full-tokens-ratio", f"{row['swa_full_tokens_ratio']:g}", "--max-total-tokens",
+            str(row["full_pool_tokens"])]
+    if host_gb:
+        args += ["--hicache-size", f"{host_gb:g}"]
+    return args
+
+
+def _rel(policy: str, pt: dict) -> Path:
+    from replay.runs.jobs import RunSpec
+
+    return RunSpec(policy, tuple(pt.items())).rel_dir
+
+
+def _row(out: Path, policy: str, pt: dict, bpt: dict) -> dict:
+    run = out / _rel(policy, pt)
+    row = dict(pt) | {"full_gb": round(pt["full_pool_tokens"] * bpt["full"] / GB, 4),
+                      "swa_gb": round(pt["swa_pool_tokens"] * bpt["swa"] / GB, 4), "run": str(run)}
+    if not (run / SUMMARY_FILE).is_file():
+        return row | {"status": "failed", "feasible": False}
+    s = read_summary(run)
+    row |= {"status": "ok", "finished": s.finished, "requests": s.requests, "retractions": s.retractions,
+            "aborted": s.aborted, "prefix_hit_ratio": s.prefix_hit_ratio, "host_hit_ratio": s.host_hit_ratio,
+            "ttft_p50_ms": s.ttft_p50_ms, "ttft_p99_ms": s.ttft_p99_ms, "peak_swa_used": s.peak_swa_used,
+            "mean_swa_used": s.mean_swa_used, "peak_full_used": s.peak_full_used}
+    row["feasible"] = s.finished == s.requests and s.retractions == 0 and s.aborted == 0
+    return row
+
+
+def _best(rows: list[dict], objective: str) -> dict | None:
+    ok = [r for r in rows if r.get("feasible")]
+    if not ok:
+        return None
+    if objective == "hit_ratio":  # ties: the smaller SWA share (more full pool)
+        return max(ok, key=lambda r: (r["prefix_hit_ratio"], -r["swa_full_tokens_ratio"]))
+    return min(ok, key=lambda r: (r["ttft_p99_ms"], r["swa_full_tokens_ratio"]))
+
+
+def _page_size(source: Path) -> int:
+    from replay.runs.replay import resolve_settings
+
+    values, _ = resolve_settings(source, "recorded", (), "reference")
+    return int(values.get("page_size") or 1)
+
+
+def _recorded_ratio(source: Path) -> float | None:
+    from tracer.schema.manifest import read_manifest
+
+    try:
+        v = (read_manifest(source).get("server") or {}).get("swa_full_tokens_ratio")
+        return float(v) if v not in (None, "") else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _confirm(source: Path, out: Path, res: PlanResult, policy: str, jobs: int, model: str | None) -> list[dict]:
+    """The winner and its two neighbours again on the real sglang backend."""
+    from replay.runs.sweep import sweep
+
+    done = [r for r in res.rows if r.get("status") == "ok"]
+    i = next(k for k, r in enumerate(done) if r is res.best)
+    pick = done[max(0, i - 1): i + 2]
+    keys = [k for k in ("swa_full_tokens_ratio", "full_pool_tokens", "swa_pool_tokens", "host_pool_tokens")
+            if k in pick[0]]
+    pts = [{k: r[k] for k in keys} for r in pick]
+    sweep(source, out / "confirm", policies=[policy], points=pts, jobs=jobs, backend="sglang", model=model)
+    rows = []
+    for ref, pt in zip(pick, pts):
+        real = _row(out / "confirm", policy, pt, res.bytes_per_token)
+        if real.get("status") != "ok":
+            rows.append({"swa_full_tokens_ratio": pt["swa_full_tokens_ratio"], "agrees": False,
+                         "error": "the real backend's run failed"})
+            continue
+        d_hit = abs(real["prefix_hit_ratio"] - ref["prefix_hit_ratio"])
+        d_peak = abs(real["peak_swa_used"] - ref["peak_swa_used"]) / max(1, ref["peak_swa_used"])
+        rows.append({"swa_full_tokens_ratio": pt["swa_full_tokens_ratio"],
+                     "reference_hit_ratio": ref["prefix_hit_ratio"], "real_hit_ratio": real["prefix_hit_ratio"],
+                     "reference_peak_swa": ref["peak_swa_used"], "real_peak_swa": real["peak_swa_used"],
+                     "hit_diff": round(d_hit, 6), "peak_swa_rel_diff": round(d_peak, 6),
+                     "real_feasible": real["feasible"],
+                     "agrees": d_hit <= HIT_TOLERANCE and d_peak <= PEAK_SWA_TOLERANCE})
+    return rows
+
+
+__all__ = ["DEFAULT_RATIOS", "OBJECTIVES", "PlanConfig", "PlanResult", "plan", "server_args", "split"]

@@ -1,0 +1,113 @@
+"""``kvtrace plan`` (``replay.runs.plan``): the split arithmetic, refusals, a plan on a small
+multi-turn workload (golden best split, resumable, early stop, infeasible budgets) and its CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from replay.cli import main
+from replay.runs.plan import plan, split
+from replay.runs.summary import RunError
+from tests.runs.conftest import small_workload  # noqa: F401  (fixture)
+
+MELLUM = {"full": 14336.0, "swa": 43008.0}  # replay.models "mellum-like-swa"
+RATIOS = (0.1, 0.25, 0.5, 1.0)
+KV_GB = 0.4  # 26,448 / 13,216 tokens at ratio 0.5: the 12 requests' 9 K-token sessions compete
+
+
+def test_split_spends_the_budget_in_whole_pages():
+    f, s = split(1.0, 0.25, MELLUM, 16)
+    assert (f, s) == (39856, 9952)
+    for r in (0.02, 0.1, 0.5, 1.0, 4.0):
+        f, s = split(1.0, r, MELLUM, 16)
+        spent = f * MELLUM["full"] + s * MELLUM["swa"]
+        assert f % 16 == 0 and s % 16 == 0 and spent <= 1e9
+        assert spent > 1e9 - 16 * (MELLUM["full"] + MELLUM["swa"]) - 16 * MELLUM["swa"] * (1 + r)
+    assert split(1e-9, 0.5, MELLUM, 16) == (16, 16)  # at least a page each
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(kv_gb=0), "--kv-gb 0"), (dict(kv_gb=-1), "--kv-gb -1"), (dict(kv_gb=float("nan")), "--kv-gb nan"),
+    (dict(kv_gb=float("inf")), "--kv-gb inf"), (dict(kv_gb=1e9), "at most 100000"),
+    (dict(kv_gb=1, objective="speed"), "--objective 'speed'"), (dict(kv_gb=1, ratios=[0]), r"in \(0, 4\]"),
+    (dict(kv_gb=1, ratios=[5]), r"in \(0, 4\]"), (dict(kv_gb=1, host_gb=-2), "--host-gb -2"),
+    (dict(kv_gb=1, model="gpt-17"), "gpt-17"),
+    (dict(kv_gb=1), "no bytes per token"),  # a workload records none: --model is needed
+])
+def test_refusals_name_what_is_wrong(small_workload, tmp_path, kw, msg):
+    with pytest.raises(RunError, match=msg):
+        plan(small_workload, tmp_path / "p", **kw)
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.fixture(scope="module")
+def planned(small_workload, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "p"
+    return out, plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2,
+                     early_stop=False)
+
+
+def test_a_plan_replays_each_split_and_recommends_the_best_feasible_one(planned):
+    out, res = planned
+    assert [r["swa_full_tokens_ratio"] for r in res.rows] == list(RATIOS) and not res.early_stopped
+    for r in res.rows:
+        assert r["status"] == "ok" and r["full_pool_tokens"], r
+        assert r["full_gb"] + r["swa_gb"] <= KV_GB + 1e-9
+        assert r["feasible"] == (r["finished"] == r["requests"] and r["retractions"] == 0 and r["aborted"] == 0)
+    feasible = [r for r in res.rows if r["feasible"]]
+    assert res.best is not None and res.best["prefix_hit_ratio"] == max(r["prefix_hit_ratio"] for r in feasible)
+    # golden: every split but the largest SWA share keeps the sessions' history (a tie goes to the
+    # smaller SWA share); ratio 1.0 leaves 6,960 full tokens and loses a third of the hits
+    assert [r["full_pool_tokens"] for r in res.rows] == [21456, 15936, 11152, 6960]
+    assert [r["prefix_hit_ratio"] for r in res.rows] == [0.60625, 0.60625, 0.60625, 0.405556]
+    assert res.best["swa_full_tokens_ratio"] == 0.1 and res.attainable_hit_ratio == 0.60625
+    assert res.server_args == ["--swa-full-tokens-ratio", f"{res.best['swa_full_tokens_ratio']:g}",
+                               "--max-total-tokens", str(res.best["full_pool_tokens"])]
+    assert 0 < res.attainable_hit_ratio <= 1 and all(r["prefix_hit_ratio"] <= res.attainable_hit_ratio + 1e-9
+                                                     for r in feasible)
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["best"]["swa_full_tokens_ratio"] == res.best["swa_full_tokens_ratio"]
+    assert saved["config"]["kv_gb"] == KV_GB and saved["bytes_per_token"]["full"] == MELLUM["full"]
+
+
+def test_a_plan_resumes_and_can_add_splits(planned, small_workload):
+    out, res = planned
+    again = plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS + (0.05,), jobs=2,
+                 early_stop=False)
+    assert [r["swa_full_tokens_ratio"] for r in again.rows] == [0.05, *RATIOS]
+    assert [r for r in again.rows if r["swa_full_tokens_ratio"] != 0.05] == res.rows  # the same runs, kept
+
+
+def test_ttft_objective_and_early_stop(planned, small_workload, tmp_path, monkeypatch):
+    _, res = planned
+    t = plan(small_workload, tmp_path / "t", kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2,
+             objective="ttft_p99", early_stop=False)
+    feasible = [r for r in t.rows if r["feasible"]]
+    assert t.best["ttft_p99_ms"] == min(r["ttft_p99_ms"] for r in feasible)
+    # by default the search stops once a split reaches 99 % of the attainable hit ratio
+    e = plan(small_workload, tmp_path / "e", kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2)
+    assert e.early_stopped and len(e.rows) == 2
+    assert max(r["prefix_hit_ratio"] for r in e.rows if r["feasible"]) >= 0.99 * e.attainable_hit_ratio
+
+
+def test_a_budget_no_split_survives_says_so(small_workload, tmp_path):
+    res = plan(small_workload, tmp_path / "x", kv_gb=0.002, model="mellum-like-swa", ratios=(0.25,), jobs=1)
+    assert res.best is None and res.server_args == [] and "raise --kv-gb" in res.notes[0]
+
+
+def test_cli_table_json_and_errors(planned, small_workload, tmp_path):
+    out, res = planned
+    r = CliRunner().invoke(main, ["plan", str(small_workload), "--kv-gb", str(KV_GB), "--model", "mellum-like-swa",
+                                  "--ratios", ",".join(map(str, RATIOS)), "--out", str(out), "--no-early-stop"])
+    assert r.exit_code == 0, r.output
+    assert "server arguments: " + " ".join(res.server_args) in r.output and "* recommended" in r.output
+    j = CliRunner().invoke(main, ["plan", str(small_workload), "--kv-gb", str(KV_GB), "--model", "mellum-like-swa",
+                                  "--ratios", ",".join(map(str, RATIOS)), "--out", str(out), "--json",
+                                  "--no-early-stop"])
+    assert j.exit_code == 0 and json.loads(j.output)["best"]["run"] == res.best["run"]
+    bad = CliRunner().invoke(main, ["plan", str(small_workload), "--kv-gb", "1", "--ratios", "a,b",
+                                    "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "--ratios 'a,b'" in bad.output and "Traceback" not in bad.output
