@@ -1,0 +1,85 @@
+"""How long ``kvtrace plan`` takes on an hour of traffic (issue 26 target: production_1h over >= 12
+splits in <= 2 min wall on this 2-core machine; ``--confirm`` timed apart).
+
+    python bench/plan_speed.py                     # data/workloads/production_1h, table
+    python bench/plan_speed.py --json              # one JSON object
+    python bench/plan_speed.py --confirm           # also the winner and neighbours on sglang
+
+Every split is replayed (no early stop, so the figure is for all of them), ``--jobs`` at a time
+on the reference backend, into a fresh plan directory. ``--json`` keys: ``wall_s``, ``splits``,
+``s_per_split``, ``sim_s`` (the workload's simulated seconds per split), ``realtime_x`` (simulated
+seconds replayed per wall second, all splits), ``best_ratio``, ``confirm_wall_s``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RATIOS = (0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8)
+
+
+def measure(workload: Path, *, kv_gb: float, model: str, jobs: int, confirm: bool) -> dict:
+    from replay.runs.plan import plan
+
+    tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-plan-"))
+    try:
+        t0 = time.perf_counter()
+        res = plan(workload, tmp / "p", kv_gb=kv_gb, model=model, ratios=RATIOS, jobs=jobs, early_stop=False)
+        wall = time.perf_counter() - t0
+        out = {"workload": str(workload), "kv_gb": kv_gb, "model": model, "jobs": jobs, "splits": len(res.rows),
+               "wall_s": round(wall, 1), "s_per_split": round(wall / max(1, len(res.rows)), 2),
+               "best_ratio": res.best["swa_full_tokens_ratio"] if res.best else None,
+               "rows": [{k: r.get(k) for k in ("swa_full_tokens_ratio", "full_pool_tokens", "swa_pool_tokens",
+                                               "prefix_hit_ratio", "ttft_p99_ms", "retractions", "feasible")}
+                        for r in res.rows]}
+        from replay.runs.summary import read_summary
+
+        sims = [read_summary(r["run"]).sim_s for r in res.rows if r.get("status") == "ok"]
+        out["sim_s"] = round(max(sims), 1) if sims else 0.0
+        out["realtime_x"] = round(sum(sims) / wall, 1) if wall > 0 else 0.0
+        if confirm and res.best:
+            t1 = time.perf_counter()
+            res2 = plan(workload, tmp / "p", kv_gb=kv_gb, model=model, ratios=RATIOS, jobs=jobs, early_stop=False,
+                        confirm=True)
+            out["confirm_wall_s"] = round(time.perf_counter() - t1, 1)
+            out["confirm"] = res2.confirm
+        return out
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", type=Path, default=ROOT / "data" / "workloads" / "production_1h")
+    ap.add_argument("--kv-gb", type=float, default=4.0, help="device KV budget (GB)")
+    ap.add_argument("--model", default="mellum-like-swa", help="bytes per token preset (replay.models)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--confirm", action="store_true", help="also time --confirm (the real sglang backend)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    r = measure(args.workload, kv_gb=args.kv_gb, model=args.model, jobs=args.jobs, confirm=args.confirm)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"plan {r['workload']}: {r['splits']} splits of {r['kv_gb']:g} GB ({r['model']}), {r['jobs']} jobs: "
+          f"{r['wall_s']} s wall ({r['s_per_split']} s per split, {r['realtime_x']}x real time over all splits); "
+          f"best ratio {r['best_ratio']}" + (f"; --confirm {r['confirm_wall_s']} s" if "confirm_wall_s" in r else ""))
+    print(f"{'ratio':>6} {'full':>9} {'swa':>8} {'hit':>6} {'ttft p99':>9} {'retract':>7} feasible")
+    for row in r["rows"]:
+        print(f"{row['swa_full_tokens_ratio']:>6g} {row['full_pool_tokens']:>9,} {row['swa_pool_tokens']:>8,} "
+              f"{(row['prefix_hit_ratio'] or 0):>6.3f} {(row['ttft_p99_ms'] or 0):>9.1f} {(row['retractions'] or 0):>7} "
+              f"{row['feasible']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
