@@ -1,13 +1,29 @@
 """Replay speed of the two backends on the same workload: simulated seconds per wall second.
 
-    python bench/replay_speed.py [--workload data/workloads/mixed] [--policy swa-fixes] [--set K=V ...] [--json]
+    python bench/replay_speed.py [--workload data/workloads/mixed[,data/workloads/production_1h]]
+        [--policy swa-fixes] [--set K=V ...] [--backends reference,sglang] [--json]
 
-Runs ``replay_run`` once per backend (reference first) into a temporary directory and prints
-``reference_sim_s_per_wall_s``, ``sglang_sim_s_per_wall_s`` and their ``ratio`` (targets: ratio
->= 5, reference >= 50x real time on ``data/workloads/production_1h``). Wall time includes writing
-the trace and computing the summary, as ``kvtrace replay`` does. On a shared machine the wall
-figure measures the load as much as the backend, so each backend's CPU seconds (this process,
-``time.process_time``) and simulated seconds per CPU second are printed beside it, and the steps.
+Runs ``replay_run`` once per backend (reference first) and per workload (several, comma-separated,
+are measured in turn in one run: ``workloads`` in the output holds each one's keys) into a
+temporary directory and prints ``reference_sim_s_per_wall_s``, ``sglang_sim_s_per_wall_s`` and
+their ``ratio``, and ``realtime_x_stepwise`` (the reference figure; the reference backend steps one
+scheduler iteration at a time: issue 26's step coalescing is not built, so there is no
+``realtime_x_coalesced`` yet). Wall time includes writing the trace and computing the summary, as
+``kvtrace replay`` does. On a shared machine the wall figure measures the load as much as the
+backend, so each backend's CPU seconds (this process, ``time.process_time``) and simulated
+seconds per CPU second are printed beside it, and the steps.
+
+Measured 2026-12-01 20:50-21:00 UTC on the shared 2-core machine (load average 2-5; a pure
+Python loop ran ~3x slower than on a quiet machine), ``--policy swa-fixes``:
+
+| workload | reference (x real time) | sglang | ratio |
+|---|---|---|---|
+| ``mixed`` (7,797 steps, 102.3 sim s), both backends in one run | 61.0x (1.68 s wall; 43.2 sim s per CPU s) | 5.05x (20.3 s wall) | 12.1 |
+| ``production_1h`` (383,248 steps, 6,413 sim s), 81adc56 (walk memo, is_fresh) | 43.9x (146 s wall, 145.0 CPU s, load 2.3) | - | - |
+| ``production_1h``, before (ec0ac1a), right after | 32.7x (196 s wall, 168.8 CPU s, load 4.6) | - | - |
+| first 2,000 arrivals of ``production_1h`` (60,634 steps, 977 sim s), before / after, interleaved twice | 19.8, 18.6 / 17.9, 18.2 CPU s | - | - |
+
+Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
 """
 
 from __future__ import annotations
@@ -23,33 +39,49 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _one(workload: str, args, tmp: Path) -> dict:
+    """Each backend once on ``workload``: its figures as flat ``{backend}_*`` keys."""
+    from replay.runs.replay import replay_run
+
+    out = {}
+    for be in args.backends.split(","):
+        cpu0 = time.process_time()
+        s = replay_run(workload, tmp / f"{Path(workload).name}-{be}", policy=args.policy, sets=args.sets,
+                       backend=be, progress=False)
+        cpu = time.process_time() - cpu0
+        out[f"{be}_cpu_s"] = round(cpu, 3)
+        out[f"{be}_sim_s_per_cpu_s"] = round(s.sim_s / cpu, 3) if cpu > 0 else None
+        out[f"{be}_steps"] = s.steps
+        out[f"{be}_sim_s"] = s.sim_s
+        out[f"{be}_wall_s"] = s.wall_s
+        out[f"{be}_sim_s_per_wall_s"] = round(s.sim_s_per_wall_s, 3)
+        out[f"{be}_requests_finished"] = s.finished
+    if "reference_sim_s_per_wall_s" in out:
+        # the reference backend steps one scheduler iteration at a time (no coalescing yet)
+        out["realtime_x_stepwise"] = out["reference_sim_s_per_wall_s"]
+    if "reference_sim_s_per_wall_s" in out and out.get("sglang_sim_s_per_wall_s"):
+        out["ratio"] = round(out["reference_sim_s_per_wall_s"] / out["sglang_sim_s_per_wall_s"], 3)
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="data/workloads/mixed")
+    ap.add_argument("--workload", default="data/workloads/mixed",
+                    help="a workload directory, or several separated by commas (each measured in turn)")
     ap.add_argument("--policy", default="swa-fixes")
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--backends", default="reference,sglang")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from replay.runs.replay import replay_run
-
+    workloads = [w for w in args.workload.split(",") if w]
     out = {"workload": args.workload, "policy": args.policy, "sets": args.sets}
     with tempfile.TemporaryDirectory() as tmp:
-        for be in args.backends.split(","):
-            cpu0 = time.process_time()
-            s = replay_run(args.workload, Path(tmp) / be, policy=args.policy, sets=args.sets, backend=be,
-                           progress=False)
-            cpu = time.process_time() - cpu0
-            out[f"{be}_cpu_s"] = round(cpu, 3)
-            out[f"{be}_sim_s_per_cpu_s"] = round(s.sim_s / cpu, 3) if cpu > 0 else None
-            out[f"{be}_steps"] = s.steps
-            out[f"{be}_sim_s"] = s.sim_s
-            out[f"{be}_wall_s"] = s.wall_s
-            out[f"{be}_sim_s_per_wall_s"] = round(s.sim_s_per_wall_s, 3)
-            out[f"{be}_requests_finished"] = s.finished
+        per = {w: _one(w, args, Path(tmp)) for w in workloads}
+    if len(workloads) == 1:
+        out.update(per[workloads[0]])
+    else:
+        out["workloads"] = per
     out["load_average"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
-    if "reference_sim_s_per_wall_s" in out and out.get("sglang_sim_s_per_wall_s"):
-        out["ratio"] = round(out["reference_sim_s_per_wall_s"] / out["sglang_sim_s_per_wall_s"], 3)
     print(json.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
     return out
 
