@@ -17,8 +17,8 @@ NOTEBOOKS = sorted(notebooks_dir().glob("0*.py"))
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
-def test_all_six_notebooks_are_present():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
+def test_all_seven_notebooks_are_present():
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06", "07"]
 
 
 def execute(path, cwd, timeout=120):
