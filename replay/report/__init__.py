@@ -125,6 +125,9 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
         by_run = run_codes({label[p]: recorded[p] for p in recorded})
         codes_html = (code_axis_html(axis, _render(F.code_figure(axis))) if axis is not None else
                       run_codes_html(by_run))
+        plan = _plan(target)
+        if plan is not None:  # a kvtrace plan directory: its curves and the recommended split
+            codes_html += _plan_html(plan, _render)
     sections = []
     for p, t in recorded.items():
         summary = load_summary(p) if p in runs else None
@@ -142,7 +145,34 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
             "primary_cause": diag.primary_cause if diag else None, "recommended_sets": sets,
             "proof": proof.to_dict() if proof is not None else None, "diagnosis": diag is not None, "notes": notes,
             "codes": axis.codes if axis is not None else [c | {"run": r} for r, c in by_run.items()],
-            "code_axis": axis.to_dict() if axis is not None else None}
+            "code_axis": axis.to_dict() if axis is not None else None,
+            "plan": ({"best": plan["best"], "server_args": plan["server_args"]} if plan is not None else None)}
+
+
+def _plan(target) -> dict | None:
+    from replay.analysis.plan_curves import load_plan
+
+    try:
+        return load_plan(target) if (Path(target) / "plan.json").is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _plan_html(plan: dict, render) -> str:
+    """The capacity plan's section: the recommended split, the knee, the splits' table, the curves."""
+    from replay.analysis.plan_curves import knee, plan_figure
+
+    best, k = plan.get("best"), knee(plan)
+    head = (f"recommended: <code>{html.escape(' '.join(plan['server_args']))}</code>" if best else
+            "no split finished every request without retractions or aborts: raise --kv-gb")
+    cells = "".join(
+        f"<tr><td>{r['swa_full_tokens_ratio']:g}</td><td>{r['full_pool_tokens']:,}</td><td>{r['swa_pool_tokens']:,}</td>"
+        f"<td>{r.get('prefix_hit_ratio', '')}</td><td>{r.get('ttft_p99_ms', '')}</td><td>{r.get('retractions', '')}</td>"
+        f"<td>{r.get('aborted', '')}</td><td>{'yes' if r.get('feasible') else 'no'}</td></tr>" for r in plan["rows"])
+    return (f'<section class="plan"><h2>Capacity plan ({plan["config"]["kv_gb"]:g} GB)</h2><p>{head}; knee at ratio '
+            f'{k["swa_full_tokens_ratio"] if k else "-"}</p><table><tr><th>ratio</th><th>full tokens</th>'
+            f'<th>SWA tokens</th><th>hit ratio</th><th>TTFT p99 ms</th><th>retractions</th><th>aborted</th>'
+            f'<th>feasible</th></tr>{cells}</table>{render(plan_figure(plan))}</section>')
 
 
 def _evidence(F, tr, name, recorded, label, runs, resample) -> list:

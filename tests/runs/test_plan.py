@@ -111,3 +111,13 @@ def test_cli_table_json_and_errors(planned, small_workload, tmp_path):
     bad = CliRunner().invoke(main, ["plan", str(small_workload), "--kv-gb", "1", "--ratios", "a,b",
                                     "--out", str(tmp_path / "b")])
     assert bad.exit_code == 2 and "--ratios 'a,b'" in bad.output and "Traceback" not in bad.output
+
+
+def test_the_report_of_a_plan_draws_its_curves(planned, tmp_path):
+    from replay.report import build_report
+
+    out, res = planned
+    rep = build_report(out, tmp_path / "r.html", diagnose=False)
+    assert rep["plan"]["server_args"] == res.server_args
+    page = (tmp_path / "r.html").read_text()
+    assert "Capacity plan (0.4 GB)" in page and "--swa-full-tokens-ratio 0.1" in page and "knee at ratio 0.1" in page
