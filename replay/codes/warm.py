@@ -13,7 +13,7 @@ One warm parent per (code, environment): the ``SGLANG_*`` / ``KVTRACE_*`` variab
 runs with are part of the key, since a code may read them at import; a child also gets the
 call's whole environment and working directory before it runs. Calls to one parent are made one
 at a time (a lock); parents of other keys run side by side. A process keeps at most
-``KVTRACE_CODE_WARM_MAX`` (3) parents, about 0.5 GB each; the least recently used one exits.
+``KVTRACE_CODE_WARM_MAX`` (2) parents, about 0.6 GB each; the least recently used one exits.
 
 Protocol (one JSON object a line): parent -> warm (stdin) ``{"call": TARGET, "kwargs": PATH,
 "result": PATH, "out": PATH, "err": PATH, "env": {...}, "cwd": DIR}``; warm -> parent (stdout)
@@ -41,9 +41,9 @@ PRELOAD = ("sglang.srt.managers.scheduler", "sglang.srt.mem_cache.allocator",
            "sglang.srt.mem_cache.common", "replay.backends.fork.backend", "replay.backends.fork.driver",
            "replay.workloads", "tracer.sglang", "tracer.sglang.hooks.fork", "pyarrow.parquet")
 ENV_FLAG = "KVTRACE_CODE_WARM"
-#: warm parents one process keeps at most (``KVTRACE_CODE_WARM_MAX``; ~0.5 GB each): the least
+#: warm parents one process keeps at most (``KVTRACE_CODE_WARM_MAX``; ~0.6 GB each): the least
 #: recently used one exits when another is needed
-DEFAULT_MAX = 3
+DEFAULT_MAX = 2
 _PR_SET_PDEATHSIG = 1
 
 
