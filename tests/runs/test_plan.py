@@ -121,3 +121,20 @@ def test_the_report_of_a_plan_draws_its_curves(planned, tmp_path):
     assert rep["plan"]["server_args"] == res.server_args
     page = (tmp_path / "r.html").read_text()
     assert "Capacity plan (0.4 GB)" in page and "--swa-full-tokens-ratio 0.1" in page and "knee at ratio 0.1" in page
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_confirm_reruns_the_winner_and_its_neighbours_on_the_real_backend(planned, small_workload):
+    out, res = planned
+    c = plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2, early_stop=False,
+             confirm=True)
+    assert [r["swa_full_tokens_ratio"] for r in c.confirm] == [0.1, 0.25]  # the winner (first) and its neighbour
+    for r in c.confirm:
+        assert set(r) >= {"reference_hit_ratio", "real_hit_ratio", "hit_diff", "peak_swa_rel_diff", "agrees"}
+        assert r["agrees"] == (r["hit_diff"] <= 0.01 and r["peak_swa_rel_diff"] <= 0.02)
+        assert (out / "confirm" / f"policy=recorded/swa_full_tokens_ratio={r['swa_full_tokens_ratio']}").is_dir()
+    assert any("trust the real backend" in n for n in c.notes) == (not all(r["agrees"] for r in c.confirm))
+    # golden: on these 12 requests the real sglang backend gives the reference's very figures
+    assert [(r["real_hit_ratio"], r["real_peak_swa"], r["agrees"]) for r in c.confirm] == \
+        [(0.60625, 1456, True), (0.60625, 1936, True)]
