@@ -47,7 +47,7 @@ def test_installed_kvtrace_has_notebooks_data_and_reports_from_anywhere(installe
     assert r.returncode == 0, r.stderr[-2000:]
     mod, nbdir, count, incident = r.stdout.split("\n")[:4]
     assert mod.startswith(str(installed)) and nbdir.startswith(str(installed)) and incident.startswith(str(installed))
-    assert count == "6"
+    assert count == "7"
     r = subprocess.run([sys.executable, "-m", "replay.cli", "report", incident, "--replay", "--out", "r.html"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
