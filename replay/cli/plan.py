@@ -8,6 +8,7 @@ import click
 
 from replay.cli.text import force_out
 from replay.console import third_party_to_log
+from replay.models import PRESETS
 
 
 @click.command("plan")
@@ -20,7 +21,8 @@ from replay.console import third_party_to_log
               help="swa_full_tokens_ratio values to try (default: 13 values from 0.02 to 1.0).")
 @click.option("--policy", default="recorded", show_default=True, help="Preset every split replays under.")
 @click.option("--model", default=None, metavar="NAME",
-              help="Model preset giving the pools' bytes per token (needed when the trace records none).")
+              help="Model preset giving the pools' bytes per token (needed when the trace records none): "
+                   + ", ".join(PRESETS) + " (docs/capacity.md).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Plan directory: a sweep (re-running resumes) plus plan.json.")
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Replays at a time.")
@@ -39,7 +41,8 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
     Each swa_full_tokens_ratio gives the full and SWA pool sizes the budget buys; each split is
     replayed (reference backend, in parallel, resumable); the best split that finishes every
     request without retractions or aborts is recommended with its server arguments. Stops
-    early once a split reaches 99 % of the attainable hit ratio (docs/capacity.md).
+    early once a split reaches 99 % of the attainable hit ratio (docs/capacity.md). Exit 1 when
+    no split is feasible at the budget.
     """
     from replay.record import signals_as_interrupts
     from replay.runs.plan import plan
@@ -56,9 +59,11 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
                    progress=not (quiet or as_json))
     if as_json:
         click.echo(json.dumps(res.to_dict(), default=str))
-        return
-    for line in plan_lines(res):
-        click.echo(line)
+    else:
+        for line in plan_lines(res):
+            click.echo(line)
+    if res.best is None:  # nothing to recommend: a script must not take the plan for an answer
+        raise SystemExit(1)
 
 
 def plan_lines(res) -> list[str]:
@@ -75,7 +80,7 @@ def plan_lines(res) -> list[str]:
             ("r" if res.recorded_ratio is not None and abs(r["swa_full_tokens_ratio"] - res.recorded_ratio) < 1e-9 else " ")
         if r.get("status") != "ok":
             out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
-                       f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  failed {mark}")
+                       f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  failed {mark} {r.get('error', '')}")
             continue
         out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
                    f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f} {r['prefix_hit_ratio']:>6.3f} "

@@ -137,9 +137,10 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
     rows, early = [], False
     for i in range(0, len(points), max(1, jobs)):
         batch = points[i:i + max(1, jobs)]
-        sweep(source, out, policies=[policy], points=batch, jobs=jobs, executor=executor, backend=backend,
-              progress=progress, model=model)
-        rows += [_row(out, policy, pt, bpt) for pt in batch]
+        df = sweep(source, out, policies=[policy], points=batch, jobs=jobs, executor=executor, backend=backend,
+                   progress=progress, model=model)
+        errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
+        rows += [_row(out, policy, pt, bpt, errors) for pt in batch]
         best = _best(rows, objective)
         if early_stop and best is not None and best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * attainable \
                 and i + len(batch) < len(points):
@@ -179,12 +180,14 @@ def _rel(policy: str, pt: dict) -> Path:
     return RunSpec(policy, tuple(pt.items())).rel_dir
 
 
-def _row(out: Path, policy: str, pt: dict, bpt: dict) -> dict:
-    run = out / _rel(policy, pt)
+def _row(out: Path, policy: str, pt: dict, bpt: dict, errors: dict | None = None) -> dict:
+    rel = _rel(policy, pt)
+    run = out / rel
     row = dict(pt) | {"full_gb": round(pt["full_pool_tokens"] * bpt["full"] / GB, 4),
                       "swa_gb": round(pt["swa_pool_tokens"] * bpt["swa"] / GB, 4), "run": str(run)}
     if not (run / SUMMARY_FILE).is_file():
-        return row | {"status": "failed", "feasible": False}
+        return row | {"status": "failed", "feasible": False,
+                      "error": (errors or {}).get(str(rel).replace("\\", "/"), "no summary")}
     s = read_summary(run)
     row |= {"status": "ok", "finished": s.finished, "requests": s.requests, "retractions": s.retractions,
             "aborted": s.aborted, "prefix_hit_ratio": s.prefix_hit_ratio, "host_hit_ratio": s.host_hit_ratio,

@@ -138,3 +138,10 @@ def test_confirm_reruns_the_winner_and_its_neighbours_on_the_real_backend(planne
     # golden: on these 12 requests the real sglang backend gives the reference's very figures
     assert [(r["real_hit_ratio"], r["real_peak_swa"], r["agrees"]) for r in c.confirm] == \
         [(0.60625, 1456, True), (0.60625, 1936, True)]
+
+
+def test_cli_says_why_a_split_failed_and_exits_1_without_a_feasible_one(small_workload, tmp_path):
+    r = CliRunner().invoke(main, ["plan", str(small_workload), "--kv-gb", "0.00001", "--model", "mellum-like-swa",
+                                  "--ratios", "0.5", "--out", str(tmp_path / "p"), "--quiet"])
+    assert r.exit_code == 1 and "raise --kv-gb" in r.output and "too small for page_size" in r.output
+    assert "Traceback" not in r.output
