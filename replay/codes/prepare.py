@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from replay.codes.sources import CodePrepareError, _python_dir_of, _sha_file, _sha_tree
+from replay.codes.sources import CodePrepareError, _python_dir_of, _sha_file, _sha_tree, staged_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,21 +112,11 @@ def _safe_members(tar: tarfile.TarFile):
 
 def _unpack(tarball: Path, dest: Path) -> Path:
     """Unpack into ``dest`` (atomic: a temporary sibling renamed); returns the python dir."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    try:
+    with staged_dir(dest) as tmp:
         with tarfile.open(tarball) as tar:
             tar.extractall(tmp, members=list(_safe_members(tar)))
         if _python_dir_of(tmp) is None:
             raise CodePrepareError(f"{tarball}: holds no python/sglang/__init__.py nor sglang/__init__.py")
-        try:
-            tmp.rename(dest)
-        except OSError:  # another prepare won the race
-            if not dest.exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return _python_dir_of(dest)
 
 

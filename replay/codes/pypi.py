@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from replay.codes.sources import CodePrepareError, _python_dir_of, _sha_file
+from replay.codes.sources import CodePrepareError, _python_dir_of, _sha_file, staged_dir
 
 #: ``sglang==X`` with X a version (PEP 440 characters)
 RELEASE_RE = re.compile(r"sglang==([0-9][0-9A-Za-z.+!_-]*)")
@@ -110,9 +109,7 @@ def unpack_wheel(wheel: Path, dest: Path) -> Path:
     Raises:
         CodePrepareError: not a zip, or no ``sglang/__init__.py`` in it.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
-    try:
+    with staged_dir(dest) as tmp:
         try:
             with zipfile.ZipFile(wheel) as zf:
                 zf.extractall(tmp, members=_safe_names(zf))
@@ -120,14 +117,6 @@ def unpack_wheel(wheel: Path, dest: Path) -> Path:
             raise CodePrepareError(f"{wheel.name}: not a wheel (zip): {e}") from None
         if _python_dir_of(tmp) != tmp:
             raise CodePrepareError(f"{wheel.name}: holds no sglang/__init__.py")
-        try:
-            tmp.rename(dest)
-        except OSError:  # another prepare won the race
-            if not dest.exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 

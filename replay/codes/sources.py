@@ -6,6 +6,10 @@ cannot be prepared raises, content hashes (the cache keys) and where a tree keep
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -38,4 +42,23 @@ def _python_dir_of(directory: Path) -> Path | None:
     return None
 
 
-__all__ = ["CodePrepareError"]
+@contextmanager
+def staged_dir(dest: Path) -> Iterator[Path]:
+    """A temporary sibling of ``dest`` to unpack into; renamed to ``dest`` when the block ends
+    without an error (atomic: a reader sees all of it or nothing; when another prepare won the
+    race, its ``dest`` is kept), removed in every case."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        yield tmp
+        try:
+            tmp.rename(dest)
+        except OSError:  # another prepare won the race
+            if not dest.exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+__all__ = ["CodePrepareError", "staged_dir"]
