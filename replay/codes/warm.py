@@ -34,6 +34,8 @@ import sys
 import threading
 from pathlib import Path
 
+from replay.procs import die_with_parent, wait_readable
+
 #: modules a fork run imports; imported once by the warm parent (missing ones are skipped)
 PRELOAD = ("sglang.srt.managers.scheduler", "sglang.srt.mem_cache.allocator",
            "sglang.srt.mem_cache.swa_memory_pool", "sglang.srt.mem_cache.memory_pool",
@@ -44,7 +46,6 @@ ENV_FLAG = "KVTRACE_CODE_WARM"
 #: warm parents one process keeps at most (``KVTRACE_CODE_WARM_MAX``; ~0.6 GB each): the least
 #: recently used one exits when another is needed
 DEFAULT_MAX = 2
-_PR_SET_PDEATHSIG = 1
 
 
 def enabled() -> bool:
@@ -87,7 +88,7 @@ class WarmCode:
                 pid = json.loads(self.proc.stdout.readline())["pid"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise RuntimeError(f"the warm process is gone ({e})") from None
-            if timeout_s is not None and not _readable(self.proc.stdout, timeout_s):
+            if timeout_s is not None and not wait_readable(self.proc.stdout, timeout_s):
                 _kill(pid)
                 self.proc.stdout.readline()  # its status, now that it is dead
                 raise subprocess.TimeoutExpired(target, timeout_s)
@@ -106,14 +107,6 @@ class WarmCode:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def _readable(stream, timeout_s: float) -> bool:
-    import select
-
-    p = select.poll()
-    p.register(stream.fileno(), select.POLLIN | select.POLLHUP)
-    return bool(p.poll(int(timeout_s * 1000)))
 
 
 def _kill(pid: int) -> None:
@@ -165,12 +158,7 @@ def _child(msg: dict, parent: int) -> None:
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
+        die_with_parent(signal.SIGKILL)
         if os.getppid() != parent:
             os._exit(1)
         for fd, path in ((1, msg["out"]), (2, msg["err"])):

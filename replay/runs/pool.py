@@ -26,7 +26,7 @@ from pathlib import Path
 from replay.console import progress_stream
 from replay.runs.jobs import PARTIAL_DIR
 from replay.runs.jobs import job_result as _job_result
-from replay.runs.zygote import wait_readable
+from replay.procs import wait_readable
 
 ZYGOTE_LOG = "zygote.log"
 #: what the zygote reported when ready: pid, import seconds (wall, CPU), modules, native threads

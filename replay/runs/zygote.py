@@ -28,35 +28,18 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import sys
 import threading
 import time
 
+from replay.procs import die_with_parent, wait_readable
+
 _STOP = False
-
-
-def wait_readable(fd, timeout_s: float | None) -> bool:
-    """``fd`` readable (or at EOF) within ``timeout_s``; ``poll``, since ``select`` refuses fds >= 1024."""
-    p = select.poll()
-    p.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    return bool(p.poll(None if timeout_s is None else int(timeout_s * 1000)))
 
 
 #: seconds a child has to exit after SIGTERM before it is killed
 TERM_GRACE_S = 10.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent exits (Linux)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 def _send(fd: int, msg: dict) -> None:
@@ -72,7 +55,7 @@ def _child(job: str, log: str, proto_fd: int, cmd_fd: int, parent_pid: int) -> N
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        _die_with_parent()
+        die_with_parent(signal.SIGTERM)
         if os.getppid() != parent_pid:  # the zygote died before the line above
             os._exit(1)
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -157,7 +140,7 @@ def serve(backend: str) -> int:
     """The zygote's main loop (stdin: commands, fd 1: replies; see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_term)
-    _die_with_parent()
+    die_with_parent(signal.SIGTERM)
     cmd_fd, proto_fd = 0, os.dup(1)
     os.dup2(2, 1)  # stray prints of the imports go to our log, not into the protocol
     t0, cpu0 = time.perf_counter(), time.process_time()
