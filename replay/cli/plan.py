@@ -76,7 +76,7 @@ def plan_lines(res) -> list[str]:
     out.append(f"{'ratio':>6} {'full tok':>10} {'swa tok':>9} {'full GB':>8} {'swa GB':>7} {'hit':>6} "
                f"{'ttft p99':>9} {'retract':>7} {'aborted':>7} {'peak swa':>9}  ")
     for r in res.rows:
-        mark = ("*" if r is res.best or r == res.best else " ") + \
+        mark = ("*" if res.best and r["swa_full_tokens_ratio"] == res.best["swa_full_tokens_ratio"] else " ") + \
             ("r" if res.recorded_ratio is not None and abs(r["swa_full_tokens_ratio"] - res.recorded_ratio) < 1e-9 else " ")
         if r.get("status") != "ok":
             out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
@@ -85,7 +85,7 @@ def plan_lines(res) -> list[str]:
         out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
                    f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f} {r['prefix_hit_ratio']:>6.3f} "
                    f"{r['ttft_p99_ms']:>9.1f} {r['retractions']:>7} {r['aborted']:>7} {r['peak_swa_used']:>9,} {mark}")
-    out.append("* recommended" + (f", r recorded ({res.recorded_ratio:g})" if res.recorded_ratio is not None else "")
+    out.append("* recommended" + (" (the real backend's view: confirm)" if res.reference_best else "") + (f", r recorded ({res.recorded_ratio:g})" if res.recorded_ratio is not None else "")
                + ("; stopped early (99 % of the attainable hit ratio)" if res.early_stopped else ""))
     if res.best:
         out.append("server arguments: " + " ".join(res.server_args))

@@ -15,7 +15,10 @@ split reaches 99 % of the attainable hit ratio (the one-pass LRU curve of the fu
 workload's footprint, :func:`replay.analysis.capacity.capacity_curve`: no split can beat it),
 the larger SWA shares are not run. ``confirm`` re-runs the winner and its two neighbours on the
 real sglang backend and says whether the reference's figures hold (hit ratio within 0.01, peak
-SWA within 2 %); where they part, the plan trusts the real backend.
+SWA within 2 %); where they part, the plan trusts the real backend: the notes say where and by how
+much, and the recommendation (``best``, the server arguments) becomes the real backend's best
+feasible confirmed split, its own figures (``reference_best`` keeps the reference's; none feasible
+there: nothing is recommended).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ class PlanResult:
     server_args: list[str]
     confirm: list[dict] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: the reference's recommendation when ``confirm`` replaced it by the real backend's view
+    reference_best: dict | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -155,12 +160,8 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
     res = PlanResult(cfg, bpt, round(attainable, 6), rows, best, recorded, early,
                      server_args(best, host_gb) if best else [], notes=notes)
     if confirm and best is not None:
-        res.confirm = _confirm(source, out, res, policy, jobs, model)
-        parted = [c for c in res.confirm if not c["agrees"]]
-        if parted:
-            res.notes.append("the real sglang backend parts from the reference at "
-                             + ", ".join(f"ratio {c['swa_full_tokens_ratio']}" for c in parted)
-                             + ": trust the real backend's figures (confirm rows)")
+        res.confirm, real_rows = _confirm(source, out, res, policy, jobs, model)
+        _trust_real(res, real_rows, objective, host_gb)
     (out / "plan.json").write_text(__import__("json").dumps(res.to_dict(), indent=1, default=str))
     return res
 
@@ -223,8 +224,10 @@ def _recorded_ratio(source: Path) -> float | None:
         return None
 
 
-def _confirm(source: Path, out: Path, res: PlanResult, policy: str, jobs: int, model: str | None) -> list[dict]:
-    """The winner and its two neighbours again on the real sglang backend."""
+def _confirm(source: Path, out: Path, res: PlanResult, policy: str, jobs: int,
+             model: str | None) -> tuple[list[dict], list[dict]]:
+    """The winner and its two neighbours again on the real sglang backend: one comparison row each
+    (reference vs real figures, ``agrees``) and the real backend's own split rows (those that ran)."""
     from replay.runs.sweep import sweep
 
     done = [r for r in res.rows if r.get("status") == "ok"]
@@ -234,10 +237,12 @@ def _confirm(source: Path, out: Path, res: PlanResult, policy: str, jobs: int, m
             if k in pick[0]]
     pts = [{k: r[k] for k in keys} for r in pick]
     sweep(source, out / "confirm", policies=[policy], points=pts, jobs=jobs, backend="sglang", model=model)
-    rows = []
+    rows, reals = [], []
     for ref, pt in zip(pick, pts):
         real = _row(out / "confirm", policy, pt, res.bytes_per_token)
-        if real.get("status") != "ok":
+        if real.get("status") == "ok":
+            reals.append(real | {"backend": "sglang"})
+        else:
             rows.append({"swa_full_tokens_ratio": pt["swa_full_tokens_ratio"], "agrees": False,
                          "error": "the real backend's run failed"})
             continue
@@ -249,7 +254,40 @@ def _confirm(source: Path, out: Path, res: PlanResult, policy: str, jobs: int, m
                      "hit_diff": round(d_hit, 6), "peak_swa_rel_diff": round(d_peak, 6),
                      "real_feasible": real["feasible"],
                      "agrees": d_hit <= HIT_TOLERANCE and d_peak <= PEAK_SWA_TOLERANCE})
-    return rows
+    return rows, reals
+
+
+def _trust_real(res: PlanResult, real_rows: list[dict], objective: str, host_gb: float | None) -> None:
+    """Where the real backend parts from the reference at a confirmed split, the recommendation is
+    the real backend's: its best feasible confirmed split (its own row: figures from sglang, ``run``
+    under ``confirm/``), with its server arguments; none feasible there: no recommendation. The
+    reference's recommendation is kept in ``reference_best``; the notes say what changed."""
+    parted = [c for c in res.confirm if not c["agrees"]]
+    if not parted:
+        return
+    what = "; ".join(f"ratio {c['swa_full_tokens_ratio']:g}: " + (
+        f"hit {c['reference_hit_ratio']:.4f} -> {c['real_hit_ratio']:.4f}, peak SWA "
+        f"{c['reference_peak_swa']:,} -> {c['real_peak_swa']:,}" if "real_hit_ratio" in c else c["error"])
+        for c in parted)
+    res.notes.append(f"the real sglang backend parts from the reference ({what}): the recommendation "
+                     "comes from the real backend's runs of the confirmed splits")
+    ref_best, real_best = res.best, _best(real_rows, objective)
+    res.reference_best, res.best = ref_best, real_best
+    if real_best is None:
+        res.server_args = []
+        res.notes.append("on the real backend no confirmed split finishes every request without retractions "
+                         "or aborts: nothing is recommended (raise --kv-gb, or confirm other ratios)")
+        return
+    res.server_args = server_args(real_best, host_gb)
+    r, r0 = real_best["swa_full_tokens_ratio"], ref_best["swa_full_tokens_ratio"]
+    if r != r0:
+        res.notes.append(f"the real backend's best confirmed split is ratio {r:g} (hit "
+                         f"{real_best['prefix_hit_ratio']:.4f}), not the reference's {r0:g}")
+    tried = sorted(c["swa_full_tokens_ratio"] for c in res.confirm)
+    others = [x["swa_full_tokens_ratio"] for x in res.rows if x.get("status") == "ok"]
+    if r != r0 and r in (tried[0], tried[-1]) and (r > min(others) if r == tried[0] else r < max(others)):
+        res.notes.append(f"ratio {r:g} is the edge of the confirmed splits: the real backend's optimum may lie "
+                         "beyond it, among splits it did not run")
 
 
 __all__ = ["DEFAULT_RATIOS", "OBJECTIVES", "PlanConfig", "PlanResult", "plan", "server_args", "split"]

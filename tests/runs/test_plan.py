@@ -134,7 +134,8 @@ def test_confirm_reruns_the_winner_and_its_neighbours_on_the_real_backend(planne
         assert set(r) >= {"reference_hit_ratio", "real_hit_ratio", "hit_diff", "peak_swa_rel_diff", "agrees"}
         assert r["agrees"] == (r["hit_diff"] <= 0.01 and r["peak_swa_rel_diff"] <= 0.02)
         assert (out / "confirm" / f"policy=recorded/swa_full_tokens_ratio={r['swa_full_tokens_ratio']}").is_dir()
-    assert any("trust the real backend" in n for n in c.notes) == (not all(r["agrees"] for r in c.confirm))
+    assert any("parts from the reference" in n for n in c.notes) == (not all(r["agrees"] for r in c.confirm))
+    assert c.reference_best is None and c.best["swa_full_tokens_ratio"] == res.best["swa_full_tokens_ratio"]
     # golden: on these 12 requests the real sglang backend gives the reference's very figures
     assert [(r["real_hit_ratio"], r["real_peak_swa"], r["agrees"]) for r in c.confirm] == \
         [(0.60625, 1456, True), (0.60625, 1936, True)]
@@ -145,3 +146,90 @@ def test_cli_says_why_a_split_failed_and_exits_1_without_a_feasible_one(small_wo
                                   "--ratios", "0.5", "--out", str(tmp_path / "p"), "--quiet"])
     assert r.exit_code == 1 and "raise --kv-gb" in r.output and "too small for page_size" in r.output
     assert "Traceback" not in r.output
+
+
+def _fake_confirm(res, real_hits: dict, real_feasible: dict | None = None):
+    """What ``_confirm`` returns when the real backend gives ``real_hits`` (ratio -> hit ratio) at
+    the reference winner and its neighbour (peak SWA as the reference's)."""
+    from replay.runs.plan import HIT_TOLERANCE
+
+    rows, reals = [], []
+    for ref in res.rows[:2]:  # the winner 0.1 and its neighbour 0.25 (the first split: no lower one)
+        r = ref["swa_full_tokens_ratio"]
+        ok = (real_feasible or {}).get(r, True)
+        reals.append(ref | {"prefix_hit_ratio": real_hits[r], "feasible": ok, "retractions": 0 if ok else 3,
+                            "run": f"confirm/{r}", "backend": "sglang"})
+        d = abs(real_hits[r] - ref["prefix_hit_ratio"])
+        rows.append({"swa_full_tokens_ratio": r, "reference_hit_ratio": ref["prefix_hit_ratio"],
+                     "real_hit_ratio": real_hits[r], "reference_peak_swa": ref["peak_swa_used"],
+                     "real_peak_swa": ref["peak_swa_used"], "hit_diff": round(d, 6), "peak_swa_rel_diff": 0.0,
+                     "real_feasible": ok, "agrees": d <= HIT_TOLERANCE})
+    return rows, reals
+
+
+def test_where_the_real_backend_parts_the_plan_says_so_and_recommends_its_view(planned, small_workload,
+                                                                               monkeypatch):
+    import replay.runs.plan as P
+    from replay.cli.plan import plan_lines
+
+    out, res = planned
+    assert res.best["swa_full_tokens_ratio"] == 0.1
+    # the real backend parts at the winner 0.1 (hit 0.5) and keeps 0.25 at the reference's 0.60625
+    monkeypatch.setattr(P, "_confirm", lambda *a, **k: _fake_confirm(res, {0.1: 0.5, 0.25: 0.60625}))
+    c = plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2, early_stop=False,
+             confirm=True)
+    assert [r["agrees"] for r in c.confirm] == [False, True]
+    assert c.reference_best["swa_full_tokens_ratio"] == 0.1
+    assert c.best["swa_full_tokens_ratio"] == 0.25 and c.best["backend"] == "sglang"
+    assert c.best["prefix_hit_ratio"] == 0.60625 and c.best["run"] == "confirm/0.25"
+    assert c.server_args == ["--swa-full-tokens-ratio", "0.25", "--max-total-tokens", str(c.best["full_pool_tokens"])]
+    assert any("parts from the reference (ratio 0.1: hit 0.6062 -> 0.5000" in n for n in c.notes), c.notes
+    assert any("best confirmed split is ratio 0.25" in n and "not the reference's 0.1" in n for n in c.notes)
+    # 0.25 is the largest confirmed ratio, with larger ones the real backend never ran
+    assert any("edge of the confirmed splits" in n for n in c.notes)
+    saved = json.loads((out / "plan.json").read_text())
+    assert saved["best"]["swa_full_tokens_ratio"] == 0.25 and saved["reference_best"]["swa_full_tokens_ratio"] == 0.1
+    lines = plan_lines(c)
+    assert [ln.split()[0] for ln in lines if ln.rstrip().endswith("*")] == ["0.25"]
+    assert any(ln.startswith("* recommended (the real backend's view") for ln in lines)
+    assert "server arguments: --swa-full-tokens-ratio 0.25" in "\n".join(lines)
+
+
+def test_a_parting_real_backend_with_the_same_winner_gives_its_figures(planned, small_workload, monkeypatch):
+    import replay.runs.plan as P
+
+    out, res = planned
+    monkeypatch.setattr(P, "_confirm", lambda *a, **k: _fake_confirm(res, {0.1: 0.7, 0.25: 0.65}))
+    c = plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2, early_stop=False,
+             confirm=True)
+    assert c.best["swa_full_tokens_ratio"] == 0.1 and c.best["prefix_hit_ratio"] == 0.7  # the real figures
+    assert c.reference_best["prefix_hit_ratio"] == 0.60625
+    assert any("parts from the reference" in n for n in c.notes) and not any("best confirmed" in n for n in c.notes)
+
+
+def test_agreeing_confirm_keeps_the_reference_recommendation(planned, small_workload, monkeypatch):
+    import replay.runs.plan as P
+
+    out, res = planned
+    monkeypatch.setattr(P, "_confirm", lambda *a, **k: _fake_confirm(res, {0.1: 0.61, 0.25: 0.60625}))
+    c = plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2, early_stop=False,
+             confirm=True)
+    assert all(r["agrees"] for r in c.confirm) and c.reference_best is None and c.notes == []
+    assert c.best == res.best and c.server_args == res.server_args
+
+
+def test_no_confirmed_split_feasible_on_the_real_backend_recommends_nothing(planned, small_workload,
+                                                                            monkeypatch):
+    import replay.runs.plan as P
+
+    out, res = planned
+    monkeypatch.setattr(P, "_confirm", lambda *a, **k: _fake_confirm(res, {0.1: 0.3, 0.25: 0.3},
+                                                                     {0.1: False, 0.25: False}))
+    c = plan(small_workload, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2, early_stop=False,
+             confirm=True)
+    assert c.best is None and c.server_args == [] and c.reference_best["swa_full_tokens_ratio"] == 0.1
+    assert any("no confirmed split finishes every request" in n for n in c.notes)
+    r = CliRunner().invoke(main, ["plan", str(small_workload), "--kv-gb", str(KV_GB), "--model", "mellum-like-swa",
+                                  "--ratios", ",".join(map(str, RATIOS)), "--out", str(out), "--no-early-stop",
+                                  "--confirm", "--quiet"])
+    assert r.exit_code == 1 and "nothing is recommended" in r.output and "Traceback" not in r.output
