@@ -60,6 +60,7 @@ class BackendSettings:
     swa_eviction_interval_tokens: int = _default("swa_eviction_interval_tokens")
     tree_core: str = _default("tree_core")
     max_context_tokens: int = _default("max_context_tokens")
+    decode_coalescing: str = _default("decode_coalescing")
     step_fixed_ns: int = _default("step_fixed_ns")
     step_per_token_ns: int = _default("step_per_token_ns")
 

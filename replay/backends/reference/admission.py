@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tracer
 from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, PrefillBudget, ceil_page
+from replay.backends.reference.coalesce import HeadRefusal
 from replay.backends.reference.request import RefReq
 from tracer.schema import CacheOp, SchedKind, Verdict
 
@@ -33,6 +34,8 @@ class AdmissionMixin:
         if self._allocatable(len(self.running)) <= 0 and self.chunked_req is None:
             self.batch_is_full = True
             return None
+        self._head_refusal = self._refused = None  # see ``coalesce.HeadRefusal``
+        chunked_at_entry = self.chunked_req is not None
         self._touch_waiting_prefixes()
         budget = PrefillBudget(self.model, s, self.running, self.ratio.current)
         can_run: list[RefReq] = []
@@ -77,6 +80,11 @@ class AdmissionMixin:
                     self.batch_is_full = bool(can_run) or bool(self.running)
                 break
         if not can_run:
+            refused = self._refused
+            if refused is not None and not chunked_at_entry and refused.req is self.waiting[0] \
+                    and self.model.tree is not None:
+                refused.version = self.model.tree.version
+                self._head_refusal = refused
             return None
         del self.waiting[:taken]
         if new_chunked is not None:
@@ -131,6 +139,8 @@ class AdmissionMixin:
                 self._unadmit(req)
             # swa_wait: the total budget fit and the SWA budget did not (the tracer hook's rule)
             verdict = Verdict.SWA_WAIT if (s.has_swa and total < budget.rem_total) else Verdict.NO_TOKEN
+            self._refused = HeadRefusal(req, -1, keys, req.fill_len - 1, m, extend, total, max_new,
+                                        req.swa_host_hit)
             self._emit_admit(req, req.prefix_len, extend, req.host_hit, 0, verdict, budget, need, ("NO_TOKEN", False))
             return "no_token"
         is_chunked = False

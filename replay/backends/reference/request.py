@@ -12,7 +12,7 @@ class RefReq:
 
     __slots__ = ("wreq", "rid", "input_len", "max_new_tokens", "plan", "output_ids", "keys", "prefix_len",
                  "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
-                 "retracted", "first_prefix", "decode_batch_idx")
+                 "retracted", "first_prefix", "decode_batch_idx", "finish_index")
 
     def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int) -> None:
         self.wreq = wreq
@@ -31,6 +31,14 @@ class RefReq:
         self.retracted = False
         self.first_prefix = -1
         self.decode_batch_idx = 0  # decode steps since (re)admission (sglang ``Req.decode_batch_idx``)
+        # the output index whose append finishes the request (its token is EOS, it runs past the
+        # plan, or it reaches ``max_new_tokens``): what ``finished()`` answers, known in advance
+        stop = max(0, min(len(plan), max_new_tokens - 1))
+        try:
+            stop = plan.index(EOS_TOKEN_ID, 0, stop)
+        except ValueError:
+            pass
+        self.finish_index = stop
 
     @property
     def fill_len(self) -> int:

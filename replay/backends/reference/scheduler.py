@@ -22,6 +22,7 @@ import tracer
 from replay.backends.base import RunResult, StepRecord
 from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
+from replay.backends.reference.coalesce import CoalesceMixin
 from replay.backends.reference.decode import DecodeMixin
 from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
 from replay.backends.reference.settings import ReferenceSettings
@@ -36,7 +37,7 @@ _STEP = int(SchedKind.STEP)
 _MODE_IDS = {"idle": int(Mode.IDLE), "prefill": int(Mode.PREFILL), "decode": int(Mode.DECODE)}
 
 
-class ReferenceBackend(AdmissionMixin, DecodeMixin):
+class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
     """Runs a workload through the reference scheduler and memory model.
 
     Args:
@@ -98,9 +99,16 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin):
         return self._next_arrival >= len(self._pending) and not self._active
 
     def run(self) -> RunResult:
-        """Step until every request has finished or been aborted."""
-        while not self.done:
-            self.step()
+        """Step until every request has finished or been aborted (with ``decode_coalescing=on``,
+        quiet decode stretches run in one move: :mod:`replay.backends.reference.coalesce`)."""
+        if self.settings.decode_coalescing == "on":
+            stretch, step = self._run_stretch, self.step
+            while not self.done:
+                if not stretch():
+                    step()
+        else:
+            while not self.done:
+                self.step()
         self.model.ack_write_through()  # the last acks, as the real loop's ``close_step``
         self.result.final_occupancy = {k: v.__dict__ for k, v in self.model.snapshot().items()}
         return self.result

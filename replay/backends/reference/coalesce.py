@@ -1,0 +1,300 @@
+"""Exact decode-step coalescing of the reference scheduler (issue 26 item 1).
+
+Most steps of an hour of traffic are *quiet* decode steps: no arrival is due, no request
+finishes, no pool runs short enough to evict or retract, no chunked request is pending, and the
+prefill admission either is not attempted or refuses the head of the waiting queue for the same
+reason as the step before. Such a step changes only counters and the free lists. A *stretch* runs
+consecutive quiet steps in one tight loop that does, per step, only what can still change:
+
+- the exact budget check of the refused head (:class:`PrefillBudget` and ``check_prefill``
+  themselves, on the live pools and the decayed ``new_token_ratio``): the stretch ends before the
+  step whose check would admit, and that step runs the normal path;
+- the out-of-window SWA releases due at this step (the model's own ``free_swa_out_of_window``,
+  only for the requests whose trigger length is reached: the next trigger of each request is
+  known in closed form);
+- the page allocations of the requests at a page boundary (``_take_list`` of each pool, in batch
+  order, as ``alloc_flagged_pages``);
+- the token append, length and decode-index updates of every running request;
+- the trace rows a step-by-step run writes, in the same order: the clock, the head's ``match``
+  row, the release rows and pool rows, the ``step`` row and the ``stats`` rows.
+
+What a normal step would do besides is provably a no-op inside a stretch (no eviction: both pools
+keep at least a page per running request on their free lists; no finish: each request's first
+finishing decode is found in its token plan; no tree change: ``RadixTree.version`` and the lock
+counts stay as they were). The head's match touches the tree on every step (recency stamps, SWA
+LRU order): those effects are applied once when the stretch ends, with the tree clock advanced
+by the ticks the skipped matches would have taken, which leaves every stamp and every LRU order
+exactly as a step-by-step run leaves them (only stale lazy-heap entries differ, which no pop
+sees). A stretch stops before any step at which the waiting-queue prefix refresh walks (every
+32nd admission), before an integrity check is due, and before any step it cannot prove quiet.
+
+Exactness is tested row by row against the step-by-step run (``decode_coalescing=off``) on the
+differential cases, every bundled workload and Hypothesis workloads
+(``tests/reference/test_coalesce_exact.py``).
+
+A mixin of :class:`replay.backends.reference.scheduler.ReferenceBackend`.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+
+import tracer
+from replay.backends.base import StepRecord
+from replay.backends.reference.budget import PrefillBudget
+from replay.backends.reference.request import EOS_TOKEN_ID
+from tracer.schema import CacheOp, Mode, Pool, SchedKind
+
+_STEP = int(SchedKind.STEP)
+_DECODE = int(Mode.DECODE)
+_MATCH = int(CacheOp.MATCH)
+_SWA_RELEASE = int(CacheOp.SWA_RELEASE)
+_REFRESH_INTERVAL = 32  # admission._WAITING_PREFIX_REFRESH_INTERVAL
+_NEVER = 1 << 62
+
+
+class HeadRefusal:
+    """What the last admission attempt did when it refused the head of the waiting queue by its
+    budget check (and did nothing else): enough to repeat the check and its effects exactly."""
+
+    __slots__ = ("req", "version", "keys", "max_tokens", "match", "extend", "total", "max_new", "swa_host_hit")
+
+    def __init__(self, req, version, keys, max_tokens, match, extend, total, max_new, swa_host_hit) -> None:
+        self.req, self.version, self.keys, self.max_tokens, self.match = req, version, keys, max_tokens, match
+        self.extend, self.total, self.max_new, self.swa_host_hit = extend, total, max_new, swa_host_hit
+
+
+class CoalesceMixin:
+    """Quiet-stretch runner (see the module docstring)."""
+
+    _head_refusal: HeadRefusal | None = None
+
+    @property
+    def _eic(self) -> bool:
+        return self.settings.prefix_ownership == "eic_release_protected_prefix"
+
+    # ---------------------------------------------------------------- preconditions
+    def _admission_case(self):
+        """How the next step's prefill admission would go, without running it: ``"none"`` (not
+        attempted, nothing changes), ``"full"`` (no free row: ``batch_is_full`` is set),
+        ``"head"`` (the head is refused again, see :class:`HeadRefusal`) or None (unknown: run the
+        normal step)."""
+        s = self.settings
+        batch_is_full = False if (s.has_swa or not self.running) else self.batch_is_full
+        if batch_is_full or not self.waiting:
+            return "none"
+        if self.max_rows - len(self.running) <= 0:
+            return "full"
+        memo = self._head_refusal
+        tree = self.model.tree
+        # (a model without SWA keeps ``batch_is_full`` after the refusal: its next attempt is
+        # "none", which the normal step reaches first)
+        if (memo is None or tree is None or not s.has_swa or self.waiting[0] is not memo.req
+                or tree.version != memo.version or s.eviction_policy != "lru"):
+            return None
+        if self._eic and _eic_swa_missing(self.model, memo.match) != memo.match.swa_host_hit_tokens:
+            return None  # a release freed SWA peers of the head's window since its match (EIC)
+        return "head"
+
+    def _stretch_limit(self) -> int:
+        """Most quiet steps from now by arrivals and finishes alone (0: none)."""
+        s = self.settings
+        bs = len(self.running)
+        step_ns = s.step_fixed_ns + s.step_per_token_ns * bs
+        limit = _NEVER
+        if self._next_arrival < len(self._pending):
+            gap = self._pending[self._next_arrival].arrival_ns - self.clock_ns
+            if gap <= 0:
+                return 0
+            if step_ns > 0:
+                limit = -(-gap // step_ns)  # steps whose begin clock is still before the arrival
+        for r in self.running:
+            stop = r.finish_index - len(r.output_ids)
+            if stop < limit:
+                if stop <= 0:
+                    return 0
+                limit = stop
+        return limit
+
+    def _coalesce_ready(self) -> bool:
+        s = self.settings
+        if (self.last_mode != "decode" or self.chunked_req is not None or not self.running
+                or s.kv_stack == "dsv4"):
+            return False
+        active = self._active
+        for r in self.running:
+            if not r.in_model or r.rid not in active:
+                return False
+        tree = self.model.tree
+        return not getattr(tree, "_wt_acks", None)
+
+    # ---------------------------------------------------------------- the stretch
+    def _run_stretch(self) -> int:
+        """Run the quiet steps that follow (possibly none); returns how many ran."""
+        if not self._coalesce_ready():
+            return 0
+        case = self._admission_case()
+        if case is None:
+            return 0
+        limit = self._stretch_limit()
+        if limit <= 0:
+            return 0
+        s, model = self.settings, self.model
+        pools = model.pools
+        full, swa = pools.full, (pools.swa if pools.has_swa else None)
+        batch = self.running
+        bs = len(batch)
+        ps = s.page_size
+        room = bs * ps
+        step_ns = s.step_fixed_ns + s.step_per_token_ns * bs
+        states = model.requests.reqs
+        rows = [states[r.rid] for r in batch]
+        obs = self.observer
+        begin = getattr(obs, "on_step_begin", None)
+        on_step = obs.on_step if obs is not None else None
+        # releases: each request's trigger length (its ``seq_tokens`` before the step's alloc when
+        # ``seq - W >= swa_evicted + interval``); all lengths grow by one per step, so the steps to
+        # the next release are a countdown
+        release = s.has_swa and s.swa_out_of_window_release != "off"
+        trig = [st.swa_evicted_tokens + s.swa_eviction_interval_tokens + s.sliding_window_tokens
+                for st in rows] if release else None
+        countdown = self._release_countdown(batch, rows, trig) if release else _NEVER
+        # allocations: the requests at a page boundary at step j are those with (-seq) % ps == j % ps
+        buckets = [[] for _ in range(ps)]
+        for i, st in enumerate(rows):
+            buckets[-st.seq_tokens % ps].append(i)
+        phase = 0
+        has_swa = s.has_swa
+        head = self._head_refusal if case == "head" else None
+        if head is not None:
+            tree = model.tree
+            lock_full, lock_swa = tree.lock_delta(head.match.last_device_node)
+            refresh = self._prefix_refresh_calls
+            m = head.match
+            hit = (head.req.rid, m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens)
+        eic_head = head is not None and self._eic
+        ran = 0
+        while ran < limit:
+            # -- preconditions of this step (nothing is changed until they hold)
+            if (full.available_tokens() < room or len(full._rev) < bs
+                    or (swa is not None and (swa.available_tokens() < room or len(swa._rev) < bs))):
+                break
+            if eic_head and countdown <= 0:
+                break  # an EIC release may free SWA peers of the head's window: its match changes
+            if head is not None:
+                if refresh % _REFRESH_INTERVAL == 0:
+                    break  # the waiting-queue prefix refresh walks at this admission
+                budget = PrefillBudget(model, s, batch, self.ratio.current)
+                if budget.state() == "other":
+                    break
+                budget.lock_full, budget.lock_swa = lock_full, lock_swa
+                ok = budget.check_prefill(head.extend, head.total, head.max_new, head.swa_host_hit,
+                                          budget.rem_chunk)[0]
+                if ok:
+                    break  # admitted at this step: the normal path runs it
+            # -- the step
+            t0 = perf_counter_ns()
+            clock = self.clock_ns
+            if begin is not None:
+                begin(clock)
+            if has_swa:
+                self.batch_is_full = False  # ``_new_prefill_batch`` resets it for SWA models
+            if head is not None:
+                refresh += 1
+                tracer.cache(_MATCH, *hit)
+                self.batch_is_full = True  # a ``no_token`` refusal with requests running
+            elif case == "full":
+                self.batch_is_full = True
+            self._last_retracted = 0
+            self.ratio.decay_step()
+            if countdown <= 0:
+                countdown = self._stretch_releases(batch, rows, trig)
+            need = buckets[phase]
+            if need:
+                got = full._take_list(len(need))
+                if swa is not None:
+                    mapping = pools.mapping
+                    for f, p in zip(got, swa._take_list(len(need))):
+                        mapping[f] = p
+                for i, page in zip(need, got):
+                    rows[i].pages.append(page)
+            phase = phase + 1 if phase + 1 < ps else 0
+            countdown -= 1
+            for r, st in zip(batch, rows):
+                st.seq_tokens += 1
+                r.decode_batch_idx += 1
+                out = r.output_ids
+                out.append(r.plan[len(out)])
+            self.clock_ns = clock + step_ns
+            res = self.result
+            res.num_decode_steps += 1
+            res.decode_tokens += bs
+            res.num_steps += 1
+            res.clock_ns = self.clock_ns
+            self._idle_streak = 0
+            self._sampled_idle = False
+            self.trace_ct += 1
+            fct = self.trace_ct
+            tracer.sched(_STEP, fct, _DECODE, bs, bs, 0)
+            stats = tracer.stats
+            for name, capacity, available, evictable, protected, held in model.occupancy_rows():
+                stats(fct, _POOL_ID[name], capacity, available, evictable, protected, held)
+            record = StepRecord(self.forward_ct, "decode", bs, bs, step_ns, self.clock_ns, 0,
+                                perf_counter_ns() - t0)
+            self.forward_ct += 1
+            ran += 1
+            if on_step is not None:
+                on_step(record, self)
+            if self.check_integrity_every and self.forward_ct % self.check_integrity_every == 0:
+                self.check_integrity()
+        if ran:
+            self.last_batch = list(batch)
+            if head is not None:
+                self._prefix_refresh_calls = refresh
+                tree = model.tree
+                tree.clock += ran - 1  # the ticks of the matches not repeated
+                model.match(head.keys, max_tokens=head.max_tokens)
+                head.version = tree.version
+        return ran
+
+    def _stretch_releases(self, batch, rows, trig) -> int:
+        """The out-of-window releases due at this step, in batch order (the normal path's test per
+        request); returns the steps to the next one."""
+        model, s = self.model, self.settings
+        interval = s.swa_eviction_interval_tokens
+        for i, st in enumerate(rows):
+            r = batch[i]
+            if st.seq_tokens < trig[i] or r.decode_batch_idx < 1:
+                continue
+            freed = model.free_swa_out_of_window(r.rid, st.seq_tokens, interval)
+            if freed:
+                tracer.cache(_SWA_RELEASE, r.rid, 0, 0, 0, 0, freed)
+            trig[i] = st.swa_evicted_tokens + interval + s.sliding_window_tokens
+        return self._release_countdown(batch, rows, trig)
+
+    @staticmethod
+    def _release_countdown(batch, rows, trig) -> int:
+        """Steps from now to the first step at which some request's release test passes (0: this
+        step); a request before its first decode is not tested at this step."""
+        best = _NEVER
+        for i, st in enumerate(rows):
+            d = trig[i] - st.seq_tokens
+            if d <= 0 and batch[i].decode_batch_idx < 1:
+                d = 1
+            if d < best:
+                best = d
+        return max(best, 0)
+
+
+def _eic_swa_missing(model, m) -> int:
+    """The EIC match's ``swa_host_hit_tokens`` now (``EICCache.match``: window pages of the device
+    prefix whose SWA peer is gone)."""
+    cache = model.cache
+    window = cache._window_pages(m.prefix_pages, m.device_hit_tokens)
+    return sum(1 for p in model.pools.translate(window) if p == 0) * cache.ps
+
+
+_POOL_ID = {"full": int(Pool.FULL), "swa": int(Pool.SWA), "host_full": int(Pool.HOST_FULL),
+            "host_swa": int(Pool.HOST_SWA)}
+
+__all__ = ["CoalesceMixin", "HeadRefusal"]

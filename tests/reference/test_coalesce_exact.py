@@ -1,0 +1,118 @@
+"""Decode-step coalescing (``decode_coalescing=on``, :mod:`replay.backends.reference.coalesce`) is
+exact: a coalesced run writes the same rows, row for row (timestamps and sequence numbers
+included), as the step-by-step run, on the 20 differential cases, the bundled workloads and
+Hypothesis workloads, under the presets baseline, swa-fixes and eic; and its stretches do run
+(most steps of a pressured SWA run are coalesced)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay.backends.sglang.workload import write_workload
+from tests.differential.cases import CASES, write_case_workload
+from tests.reference.rows import first_difference, reference_rows
+
+POLICIES = ("baseline", "swa-fixes", "eic")
+WORKLOADS = Path(__file__).resolve().parents[2] / "data" / "workloads"
+BUNDLED = ("agentic", "long_context", "mixed", "multi_turn", "shared_prefix", "production_1h")
+
+
+def _both(tmp_path, workload, policy, sets=(), max_requests=None):
+    off = reference_rows(workload, tmp_path / "off", policy, [*sets, "decode_coalescing=off"], max_requests)
+    on = reference_rows(workload, tmp_path / "on", policy, [*sets, "decode_coalescing=on"], max_requests)
+    return on, off
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_coalescing_exact_on_differential_cases(case, policy, tmp_path):
+    write_case_workload(case, tmp_path / "wl")
+    on, off = _both(tmp_path, tmp_path / "wl", policy, case.sets())
+    assert off["sched"], "the run wrote no step rows"
+    assert first_difference(on, off) is None, first_difference(on, off)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", BUNDLED)
+def test_coalescing_exact_on_bundled_workloads(name, policy, tmp_path):
+    # the first 300 arrivals of each bundled workload (all of the smaller ones)
+    on, off = _both(tmp_path, WORKLOADS / name, policy, max_requests=300)
+    assert off["sched"], "the run wrote no step rows"
+    assert first_difference(on, off) is None, first_difference(on, off)
+
+
+def _random_workload(path, seed: int, ps: int, n: int, long_out: bool) -> None:
+    rng = random.Random(seed)
+    bases = [[rng.getrandbits(62) for _ in range(10)] for _ in range(3)]
+    rows, t, sessions = [], 0, {}
+    for i in range(n):
+        t += rng.choice((0, 0, 1, 3, 20)) * 5_000_000
+        if sessions and rng.random() < 0.35:
+            sid = rng.choice(list(sessions))
+            hashes = sessions[sid] + [rng.getrandbits(62) for _ in range(rng.randint(1, 3))]
+        else:
+            sid = len(sessions)
+            hashes = rng.choice(bases)[:rng.randint(0, 6)] + [rng.getrandbits(62) for _ in range(rng.randint(1, 4))]
+        hashes = hashes[:10]
+        sessions[sid] = hashes
+        out_len = rng.randint(1, (12 if long_out else 3) * max(ps, 8))
+        rows.append(dict(rid=i, ts_ns=t, input_len=len(hashes) * ps - rng.randint(0, ps - 1), page_hashes=hashes,
+                         session_id=sid, max_new_tokens=out_len, output_len=out_len))
+    write_workload(path, rows, hash_block_tokens=ps)
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31), ps=st.sampled_from((1, 4, 16)), window=st.sampled_from((4, 16, 40)),
+       full_pages=st.integers(24, 160), swa_share=st.sampled_from((0.3, 0.6, 1.0)),
+       host=st.booleans(), long_out=st.booleans(), policy=st.sampled_from(POLICIES),
+       rows=st.sampled_from((4, 8)))
+def test_coalescing_exact_on_hypothesis_workloads(tmp_path_factory, seed, ps, window, full_pages, swa_share, host,
+                                                   long_out, policy, rows):
+    tmp = tmp_path_factory.mktemp("hyp")
+    _random_workload(tmp / "wl", seed, ps, 40, long_out)
+    full = full_pages * ps
+    swa = max(int(full * swa_share) // ps * ps, window + 2 * ps, 2 * ps)
+    if window >= swa:
+        swa = (window // ps + 2) * ps
+    sets = [f"page_size={ps}", f"sliding_window_tokens={window}", f"full_pool_tokens={full}",
+            f"swa_pool_tokens={swa}", f"host_pool_tokens={2 * full if host else 0}",
+            f"max_running_requests={rows}", f"chunked_prefill_size={8 * ps}", f"max_prefill_tokens={16 * ps}",
+            f"swa_eviction_interval_tokens={max(ps, 8)}"]
+    try:
+        on, off = _both(tmp, tmp / "wl", policy, sets)
+    except ValueError as e:  # a combination the settings refuse (e.g. a window the SWA pool cannot hold)
+        pytest.skip(f"settings refused: {e}")
+    assert first_difference(on, off) is None, first_difference(on, off)
+
+
+def test_stretches_run_on_a_pressured_swa_workload():
+    """Most steps of the first arrivals of production_1h run in stretches (else the speed figure
+    of ``bench/replay_speed.py`` would be the step-by-step one)."""
+    from replay.backends.reference.scheduler import ReferenceBackend
+    from replay.backends.reference.settings import from_knobs
+    from replay.knobs import resolve
+    from replay.workloads import read_workload
+
+    wl = read_workload(WORKLOADS / "production_1h")
+    wl.__dict__["requests"] = wl.requests[:200]
+    values, _ = resolve("swa-fixes", ["decode_coalescing=on"], wl.manifest.get("server"))
+    with ReferenceBackend(wl, from_knobs(values)) as be:
+        normal = coalesced = 0
+        while not be.done:
+            n = be._run_stretch()
+            if n:
+                coalesced += n
+            else:
+                be.step()
+                normal += 1
+        be.check_integrity()
+    assert be.result.num_finished == 200
+    assert coalesced > 2 * normal, (coalesced, normal)
