@@ -39,28 +39,39 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _one(workload: str, args, tmp: Path) -> dict:
-    """Each backend once on ``workload``: its figures as flat ``{backend}_*`` keys."""
+def _measure(workload: str, args, tmp: Path, be: str, sets: list[str], tag: str) -> dict:
     from replay.runs.replay import replay_run
 
+    cpu0 = time.process_time()
+    s = replay_run(workload, tmp / f"{Path(workload).name}-{tag}", policy=args.policy, sets=sets, backend=be,
+                   progress=False)
+    cpu = time.process_time() - cpu0
+    return {f"{tag}_cpu_s": round(cpu, 3), f"{tag}_sim_s_per_cpu_s": round(s.sim_s / cpu, 3) if cpu > 0 else None,
+            f"{tag}_steps": s.steps, f"{tag}_sim_s": s.sim_s, f"{tag}_wall_s": s.wall_s,
+            f"{tag}_sim_s_per_wall_s": round(s.sim_s_per_wall_s, 3), f"{tag}_requests_finished": s.finished}
+
+
+def _one(workload: str, args, tmp: Path) -> dict:
+    """Each backend once on ``workload`` (the reference backend once per ``--coalescing`` value,
+    step by step first): its figures as flat ``{backend}_*`` keys."""
     out = {}
     for be in args.backends.split(","):
-        cpu0 = time.process_time()
-        s = replay_run(workload, tmp / f"{Path(workload).name}-{be}", policy=args.policy, sets=args.sets,
-                       backend=be, progress=False)
-        cpu = time.process_time() - cpu0
-        out[f"{be}_cpu_s"] = round(cpu, 3)
-        out[f"{be}_sim_s_per_cpu_s"] = round(s.sim_s / cpu, 3) if cpu > 0 else None
-        out[f"{be}_steps"] = s.steps
-        out[f"{be}_sim_s"] = s.sim_s
-        out[f"{be}_wall_s"] = s.wall_s
-        out[f"{be}_sim_s_per_wall_s"] = round(s.sim_s_per_wall_s, 3)
-        out[f"{be}_requests_finished"] = s.finished
-    if "reference_sim_s_per_wall_s" in out:
-        # the reference backend steps one scheduler iteration at a time (no coalescing yet)
-        out["realtime_x_stepwise"] = out["reference_sim_s_per_wall_s"]
-    if "reference_sim_s_per_wall_s" in out and out.get("sglang_sim_s_per_wall_s"):
-        out["ratio"] = round(out["reference_sim_s_per_wall_s"] / out["sglang_sim_s_per_wall_s"], 3)
+        if be != "reference":
+            out.update(_measure(workload, args, tmp, be, args.sets, be))
+            continue
+        for mode in args.coalescing.split(","):
+            tag = {"off": "reference_stepwise", "on": "reference_coalesced"}[mode]
+            out.update(_measure(workload, args, tmp, be, [*args.sets, f"decode_coalescing={mode}"], tag))
+    if "reference_stepwise_sim_s_per_wall_s" in out:
+        out["realtime_x_stepwise"] = out["reference_stepwise_sim_s_per_wall_s"]
+    if "reference_coalesced_sim_s_per_wall_s" in out:
+        out["realtime_x_coalesced"] = out["reference_coalesced_sim_s_per_wall_s"]
+    if "realtime_x_stepwise" in out and "realtime_x_coalesced" in out:
+        out["coalesced_over_stepwise_cpu"] = round(out["reference_stepwise_cpu_s"] / out["reference_coalesced_cpu_s"], 3)
+        out["same_steps"] = out["reference_stepwise_steps"] == out["reference_coalesced_steps"]
+    best = out.get("realtime_x_coalesced", out.get("realtime_x_stepwise"))
+    if best and out.get("sglang_sim_s_per_wall_s"):
+        out["ratio"] = round(best / out["sglang_sim_s_per_wall_s"], 3)
     return out
 
 
@@ -71,6 +82,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--policy", default="swa-fixes")
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--backends", default="reference,sglang")
+    ap.add_argument("--coalescing", default="off,on",
+                    help="decode_coalescing values the reference backend runs under, in turn (off,on)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     workloads = [w for w in args.workload.split(",") if w]

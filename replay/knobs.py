@@ -207,8 +207,9 @@ KNOBS: tuple[Knob, ...] = (
          "restated loop (mirror)", group="sim", values=("real", "mirror"), upstream="managers/scheduler.py"),
     Knob("max_context_tokens", int, 0, "request row width; 0 = derived from the workload", group="sim",
          min_value=0, max_value=MAX_POOL_TOKENS, upstream="--context-length"),
-    Knob("decode_coalescing", str, "off", "reference backend: run quiet decode stretches in one move (exact: "
-         "the same rows as step by step; replay.backends.reference.coalesce)", group="sim", values=("off", "on"),
+    Knob("decode_coalescing", str, "auto", "reference backend: run quiet decode stretches in one move (exact: "
+         "the same rows as step by step; replay.backends.reference.coalesce); auto = on for the reference "
+         "backend (the real backends step their own loop)", group="sim", values=("auto", "off", "on"),
          upstream="issue 26", refused={"sglang": ("on",)}),
     Knob("step_fixed_ns", int, 5_000_000, "virtual-clock cost of one forward step", group="sim", min_value=0),
     Knob("step_per_token_ns", int, 20_000, "virtual-clock cost per token run in a step", group="sim",

@@ -58,6 +58,8 @@ CODE_ENTRIES = {"fork": "replay.backends.fork.backend:record",
 #: knobs the fork's backend cannot express when set: knob -> why
 FORK_REFUSED = {"tree_core": "the fork's tree is pure Python (no Rust core)",
                 "scheduler": "the fork backend drives the fork's own Scheduler",
+                "decode_coalescing": "the fork backend steps the fork's own loop (coalescing is the reference "
+                                     "backend's)",
                 "swa_eviction_interval_tokens": "the fork's decode release cadence is the window times "
                                                 "SGLANG_SWA_EVICTION_INTERVAL_MULTIPLIER (use --env)"}
 #: a policy knob's value a code has its own switch for: (knob, value) -> (SGLANG_* name, value); used

@@ -30,7 +30,7 @@ sees). A stretch stops before any step at which the waiting-queue prefix refresh
 
 Exactness is tested row by row against the step-by-step run (``decode_coalescing=off``) on the
 differential cases, every bundled workload and Hypothesis workloads
-(``tests/reference/test_coalesce_exact.py``).
+(``tests/reference/test_fast_paths_exact.py``, which also covers the radix walk memo).
 
 A mixin of :class:`replay.backends.reference.scheduler.ReferenceBackend`.
 """

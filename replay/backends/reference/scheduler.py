@@ -99,9 +99,9 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         return self._next_arrival >= len(self._pending) and not self._active
 
     def run(self) -> RunResult:
-        """Step until every request has finished or been aborted (with ``decode_coalescing=on``,
+        """Step until every request has finished or been aborted (with ``decode_coalescing`` on or auto,
         quiet decode stretches run in one move: :mod:`replay.backends.reference.coalesce`)."""
-        if self.settings.decode_coalescing == "on":
+        if self.settings.decode_coalescing != "off":  # on, or auto
             stretch, step = self._run_stretch, self.step
             while not self.done:
                 if not stretch():

@@ -1,8 +1,10 @@
-"""Decode-step coalescing (``decode_coalescing=on``, :mod:`replay.backends.reference.coalesce`) is
-exact: a coalesced run writes the same rows, row for row (timestamps and sequence numbers
-included), as the step-by-step run, on the 20 differential cases, the bundled workloads and
-Hypothesis workloads, under the presets baseline, swa-fixes and eic; and its stretches do run
-(most steps of a pressured SWA run are coalesced)."""
+"""The reference backend's fast paths are exact: a run with them (decode-step coalescing,
+``decode_coalescing=on``, :mod:`replay.backends.reference.coalesce`; the radix walk memo,
+``GrowingKeys.walks``, valid while ``RadixTree.version`` is unchanged) writes the same rows, row
+for row (timestamps and sequence numbers included), as a run without any (step by step, every
+walk done), on the 20 differential cases, the bundled workloads and Hypothesis workloads, under
+the presets baseline, swa-fixes and eic; and the stretches do run (most steps of a pressured SWA
+run are coalesced). One comparison covers both fast paths (it replaced the walk memo's own test)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.backends.sglang.workload import write_workload
+from replay.memory.radix.tree import RadixTree
 from tests.differential.cases import CASES, write_case_workload
 from tests.reference.rows import first_difference, reference_rows
 
@@ -23,14 +26,18 @@ BUNDLED = ("agentic", "long_context", "mixed", "multi_turn", "shared_prefix", "p
 
 
 def _both(tmp_path, workload, policy, sets=(), max_requests=None):
-    off = reference_rows(workload, tmp_path / "off", policy, [*sets, "decode_coalescing=off"], max_requests)
     on = reference_rows(workload, tmp_path / "on", policy, [*sets, "decode_coalescing=on"], max_requests)
+    RadixTree.walk_memo = False
+    try:
+        off = reference_rows(workload, tmp_path / "off", policy, [*sets, "decode_coalescing=off"], max_requests)
+    finally:
+        RadixTree.walk_memo = True
     return on, off
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_coalescing_exact_on_differential_cases(case, policy, tmp_path):
+def test_fast_paths_exact_on_differential_cases(case, policy, tmp_path):
     write_case_workload(case, tmp_path / "wl")
     on, off = _both(tmp_path, tmp_path / "wl", policy, case.sets())
     assert off["sched"], "the run wrote no step rows"
@@ -41,9 +48,9 @@ def test_coalescing_exact_on_differential_cases(case, policy, tmp_path):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", BUNDLED)
-def test_coalescing_exact_on_bundled_workloads(name, policy, tmp_path):
-    # the first 300 arrivals of each bundled workload (all of the smaller ones)
-    on, off = _both(tmp_path, WORKLOADS / name, policy, max_requests=300)
+def test_fast_paths_exact_on_bundled_workloads(name, policy, tmp_path):
+    # the first 200 arrivals of each bundled workload (all of agentic and long_context)
+    on, off = _both(tmp_path, WORKLOADS / name, policy, max_requests=200)
     assert off["sched"], "the run wrote no step rows"
     assert first_difference(on, off) is None, first_difference(on, off)
 
@@ -74,7 +81,7 @@ def _random_workload(path, seed: int, ps: int, n: int, long_out: bool) -> None:
        full_pages=st.integers(24, 160), swa_share=st.sampled_from((0.3, 0.6, 1.0)),
        host=st.booleans(), long_out=st.booleans(), policy=st.sampled_from(POLICIES),
        rows=st.sampled_from((4, 8)))
-def test_coalescing_exact_on_hypothesis_workloads(tmp_path_factory, seed, ps, window, full_pages, swa_share, host,
+def test_fast_paths_exact_on_hypothesis_workloads(tmp_path_factory, seed, ps, window, full_pages, swa_share, host,
                                                    long_out, policy, rows):
     tmp = tmp_path_factory.mktemp("hyp")
     _random_workload(tmp / "wl", seed, ps, 40, long_out)
