@@ -7,8 +7,9 @@ they part, the plan says so and trusts the real backend).
     python bench/plan_agreement.py --json                   # one JSON object
     python bench/plan_agreement.py --keep /tmp/agree        # keep the plan directories (to diff)
 
-Per workload: ``kvtrace plan data/workloads/W --kv-gb BUDGET[W] --model mellum-like-swa`` (the
-default ratios and early stop, as a user runs it; reference sweep, timed), then the same plan
+Per workload: ``kvtrace plan data/workloads/W --kv-gb BUDGET[W] --model mellum-like-swa --ratios
+0.05,...,1.0`` (the default ratios less 0.02, and early stop, as a user runs it; reference sweep,
+timed), then the same plan
 ``--confirm`` (it resumes the sweep and re-runs the winner and its two neighbours on the real
 sglang 0.5.23 backend, timed apart). The table is the confirm row of the reference's recommended
 ratio; ``agrees``: |Δhit| <= 0.01 and |Δpeak SWA| <= 2 % of the reference's peak (the plan's own
@@ -29,6 +30,11 @@ the 13 default ratios (no early stop) before choosing:
 - ``long_context``, ``mixed``, ``agentic`` 3 GB, ``production_1h`` 4 GB: requests of up to 128 K
   tokens need >= ~131 K full tokens, so large SWA shares abort them; small shares starve SWA
   (mixed at 3 GB: hit 0.059 with retractions at r 0.02, 0.119 at r 0.1, aborts from r 0.3).
+
+Ratio 0.02 is left out: its SWA pool (1.3 K tokens at 1 GB, 3.9 K at 3 GB) is below one 8 K chunk,
+so it is never the best split (mixed at 3 GB: hit 0.059 and 59 retractions), and on shared_prefix
+the reference spends over 10 min of CPU on it (admissions wait, the queue grows to hundreds, and
+each step walks the waiting requests' prefixes: ``calc_priority`` under fcfs); ``--ratios`` sets them.
 
 ``--json`` keys: ``workloads`` (per workload: ``kv_gb``, ``reference_wall_s``, ``confirm_wall_s``,
 ``recommended_ratio``, ``reference_hit_ratio``, ``reference_peak_swa``, ``real_hit_ratio``,
@@ -55,22 +61,25 @@ WORKLOADS = ("shared_prefix", "multi_turn", "long_context", "mixed", "agentic", 
 BUDGETS_GB = {"shared_prefix": 1.0, "multi_turn": 2.0, "long_context": 3.0, "mixed": 3.0, "agentic": 3.0,
               "production_1h": 4.0}
 MODEL = "mellum-like-swa"
+#: the plan's default ratios less 0.02 (see the docstring)
+RATIOS = (0.05, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
-def measure(workload: str, out: Path, *, kv_gb: float, model: str = MODEL, jobs: int = 2) -> dict:
+def measure(workload: str, out: Path, *, kv_gb: float, model: str = MODEL, jobs: int = 2,
+            ratios: tuple = RATIOS) -> dict:
     """One workload's plan, its confirm and the agreement at the recommended ratio."""
     from replay.runs.plan import plan
 
     src = ROOT / "data" / "workloads" / workload
     t0 = time.perf_counter()
-    ref = plan(src, out, kv_gb=kv_gb, model=model, jobs=jobs)
+    ref = plan(src, out, kv_gb=kv_gb, model=model, jobs=jobs, ratios=ratios)
     ref_wall = time.perf_counter() - t0
     row = {"workload": workload, "kv_gb": kv_gb, "model": model, "reference_wall_s": round(ref_wall, 1),
            "splits": len(ref.rows), "recommended_ratio": ref.best["swa_full_tokens_ratio"] if ref.best else None}
     if ref.best is None:
         return row | {"agrees": False, "notes": ref.notes, "confirm": []}
     t1 = time.perf_counter()
-    res = plan(src, out, kv_gb=kv_gb, model=model, jobs=jobs, confirm=True)
+    res = plan(src, out, kv_gb=kv_gb, model=model, jobs=jobs, ratios=ratios, confirm=True)
     row["confirm_wall_s"] = round(time.perf_counter() - t1, 1)
     c = next((c for c in res.confirm if c["swa_full_tokens_ratio"] == row["recommended_ratio"]), {})
     row |= {"reference_hit_ratio": c.get("reference_hit_ratio"), "reference_peak_swa": c.get("reference_peak_swa"),
@@ -88,6 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated bundled workloads")
     ap.add_argument("--model", default=MODEL, help="bytes per token preset (replay.models)")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ratios", default=",".join(map(str, RATIOS)), help="swa_full_tokens_ratio values to plan over")
     ap.add_argument("--keep", type=Path, default=None, help="write the plan directories here and keep them")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
@@ -99,7 +109,8 @@ def main(argv=None) -> int:
     rows = []
     try:
         for w in names:
-            rows.append(measure(w, base / w, kv_gb=BUDGETS_GB[w], model=args.model, jobs=args.jobs))
+            rows.append(measure(w, base / w, kv_gb=BUDGETS_GB[w], model=args.model, jobs=args.jobs,
+                                ratios=tuple(float(x) for x in args.ratios.split(","))))
             if not args.json:
                 print((_header() + "\n" if len(rows) == 1 else "") + _line(rows[-1]), flush=True)
     finally:
