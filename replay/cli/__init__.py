@@ -37,6 +37,7 @@ _SUBCOMMANDS: list[tuple[str, str]] = [
     ("replay.cli.replay", "replay_cmd"),
     ("replay.cli.sweep", "sweep_cmd"),
     ("replay.cli.plan", "plan_cmd"),
+    ("replay.cli.capacity", "capacity_cmd"),
     ("replay.cli.compare", "compare_cmd"),
     ("replay.cli.diff", "diff_cmd"),
     ("replay.cli.compact", "compact_cmd"),

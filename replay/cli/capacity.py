@@ -1,0 +1,102 @@
+"""``kvtrace capacity``: thin wrapper over :func:`replay.runs.capacity.capacity_sweep`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from replay.cli.text import force_out
+from replay.console import third_party_to_log
+from replay.models import PRESETS
+
+
+@click.command("capacity")
+@click.argument("source", metavar="TRACE_OR_WORKLOAD", type=click.Path(exists=True, file_okay=False))
+@click.option("--pool", default="swa", show_default=True, metavar="swa|host|full",
+              help="The pool whose size is swept (swa_pool_tokens, host_pool_tokens or full_pool_tokens).")
+@click.option("--sizes", default=None, metavar="T1,T2,...", help="Pool sizes in tokens (whole pages).")
+@click.option("--points", type=int, default=None,
+              help="Instead of --sizes: this many log-spaced sizes from --min-tokens to --max-tokens (default 6).")
+@click.option("--min-tokens", type=int, default=None, help="Smallest size of --points (default: max / 16).")
+@click.option("--max-tokens", type=int, default=None,
+              help="Largest size of --points (default: the pool's resolved size; host: four full pools).")
+@click.option("--full-pool-tokens", type=int, default=None, help="Fixed full pool (default: the source's).")
+@click.option("--swa-pool-tokens", type=int, default=None, help="Fixed SWA pool (default: the source's).")
+@click.option("--host-pool-tokens", type=int, default=None, help="Fixed host pool (default: the source's, 0 = none).")
+@click.option("--policy", default="recorded", show_default=True, help="Preset every size replays under.")
+@click.option("--model", default=None, metavar="NAME",
+              help="Model preset giving the pools' bytes per token (needed when the trace records none): "
+                   + ", ".join(PRESETS) + " (docs/capacity.md).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Sweep directory (re-running resumes; more sizes may be added) plus capacity.json.")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Replays at a time.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--force", is_flag=True, help="Start over: remove --out first if it holds a kvtrace sweep.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (config, rows, notes).")
+def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, min_tokens: int | None,
+                 max_tokens: int | None, full_pool_tokens: int | None, swa_pool_tokens: int | None,
+                 host_pool_tokens: int | None, policy: str, model: str | None, out: str, jobs: int, executor: str,
+                 quiet: bool, force: bool, as_json: bool) -> None:
+    """Capacity curves of TRACE_OR_WORKLOAD: replay it at each size of one pool (reference backend,
+    in parallel, resumable) and tabulate prefix-hit ratio, host hit ratio, TTFT p50/p99,
+    retractions and peak/mean SWA used against the size in tokens and GB.
+
+    The SWA and host pools have no one-pass curve (SWA survival depends on tombstones, window
+    locks and admission), hence the replays; the full pool's one-pass LRU hit ratio is shown
+    beside them as the fast bound (docs/capacity.md, "Capacity curves").
+    """
+    from replay.record import signals_as_interrupts
+    from replay.runs.capacity import capacity_sweep
+    from replay.runs.summary import RunError
+
+    if sizes is not None and points is not None:
+        raise RunError("give --sizes or --points, not both")
+    parsed = None
+    if sizes is not None:
+        parsed = [s.strip() for s in sizes.split(",") if s.strip()]
+        if not parsed:
+            raise RunError(f"--sizes {sizes!r}: expected token counts, e.g. 8192,16384,32768")
+    force_out(out, force, check=False, inputs=(source,))
+    with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=False):
+        res = capacity_sweep(source, out, pool=pool, sizes_tokens=parsed, points=points, min_tokens=min_tokens,
+                             max_tokens=max_tokens, full_pool_tokens=full_pool_tokens,
+                             swa_pool_tokens=swa_pool_tokens, host_pool_tokens=host_pool_tokens, policy=policy,
+                             model=model, jobs=jobs, executor=executor, progress=not (quiet or as_json))
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), default=str))
+    else:
+        for line in capacity_lines(res):
+            click.echo(line)
+    if all(r["status"] != "ok" for r in res.rows):
+        raise SystemExit(1)
+
+
+def _f(v, fmt: str, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
+
+
+def capacity_lines(res) -> list[str]:
+    """The sweep as a table, one line per size."""
+    c = res.config
+    fixed = ", ".join(f"{k} {getattr(c, k):,}" for k in ("full_pool_tokens", "swa_pool_tokens", "host_pool_tokens")
+                      if not k.startswith(c.pool))
+    out = [f"capacity {c.source}: {c.pool} pool swept ({fixed}; policy {c.policy}); bytes/token "
+           + ", ".join(f"{k} {v:g}" for k, v in res.bytes_per_token.items()) + f" ({res.kv_bytes_source})",
+           f"{'tokens':>10} {'GB':>8} {'hit':>6} {'host hit':>8} {'ttft p50':>9} {'ttft p99':>9} {'retract':>7} "
+           f"{'aborted':>7} {'peak swa':>9} {'mean swa':>9} {'1-pass':>6}"]
+    for r in res.rows:
+        head = f"{r['size_tokens']:>10,} {_f(r['size_gb'], '.3f', 8)}"
+        if r["status"] != "ok":
+            out.append(f"{head}  failed: {r.get('error', '')}")
+            continue
+        out.append(f"{head} {_f(r['prefix_hit_ratio'], '.3f', 6)} {_f(r['host_hit_ratio'], '.3f', 8)} "
+                   f"{_f(r['ttft_p50_ms'], '.1f', 9)} {_f(r['ttft_p99_ms'], '.1f', 9)} {_f(r['retractions'], '', 7)} "
+                   f"{_f(r['aborted'], '', 7)} {_f(r['peak_swa_used'], ',', 9)} {_f(r['mean_swa_used'], ',.0f', 9)} "
+                   f"{_f(r['one_pass_hit_ratio'], '.3f', 6)}")
+    out.append("TTFT in ms; 1-pass: the full pool's one-pass LRU hit ratio"
+               + (" at each size (the fast bound)" if c.pool == "full" else f" at {c.full_pool_tokens:,} tokens")
+               + f"; runs and capacity.json in {res.out}")
+    out += [f"note: {n}" for n in res.notes]
+    return out
