@@ -274,7 +274,7 @@ def _bytes(source: Path, model: str | None, pool: str) -> tuple[dict, str]:
                            "--model NAME (kvtrace capacity --help lists the presets)")
         raise RunError(f"{source}: no bytes per token of the {', '.join(missing)} pool in "
                        f"{'--model ' + str(model) if model else 'the trace'}; give another --model")
-    return bpt, str(kvb["source"]) + (f" ({kvb['model']})" if kvb.get("model") else "")
+    return bpt, str(kvb["source"]) + (f" {kvb['model']}" if kvb.get("model") else "")
 
 
 def _claim(out: Path, cfg: CapacityConfig) -> None:
