@@ -46,3 +46,13 @@ def test_a_hanging_test_fails_at_its_timeout(tmp_path):
     assert res.returncode != 0, out
     assert "Timeout" in out, out
     assert elapsed < 60, (elapsed, out)
+
+
+def test_the_suite_writes_bytecode():
+    """tests/conftest.py lets the suite's processes write .pyc (a process of a code or a server
+    imports thousands of modules: compiled once, not in every process), whatever the caller's
+    PYTHONDONTWRITEBYTECODE; it reaches the xdist workers and what they start."""
+    assert "PYTHONDONTWRITEBYTECODE" not in os.environ and sys.dont_write_bytecode is False
+    out = subprocess.run([sys.executable, "-c", "import sys; print(sys.dont_write_bytecode)"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
