@@ -33,7 +33,9 @@ from tests.live import live_util as lu
 from tests.live import trace_checks as tc
 from tests.sglang.hooks_util import identity_mismatches, ledger_mismatches
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1200)]
+# one worker runs the module (make test: --dist loadgroup): split over both, the second worker
+# would wait, idle, on shared_once's lock for the whole server run
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1200), pytest.mark.xdist_group("live-launch")]
 
 PREFIX = list(range(100, 148))  # 48 shared tokens
 BENCH_ARGS = ("--dataset-name", "generated-shared-prefix", "--gsp-num-groups", "2",
