@@ -128,6 +128,10 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
         plan = _plan(target)
         if plan is not None:  # a kvtrace plan directory: its curves and the recommended split
             codes_html += _plan_html(plan, _render)
+        from replay.report.capacity import capacity_section
+
+        capacity_html, capacity = capacity_section(target, _render)  # a kvtrace capacity directory
+        codes_html += capacity_html
     sections = []
     for p, t in recorded.items():
         summary = load_summary(p) if p in runs else None
@@ -146,7 +150,8 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
             "proof": proof.to_dict() if proof is not None else None, "diagnosis": diag is not None, "notes": notes,
             "codes": axis.codes if axis is not None else [c | {"run": r} for r, c in by_run.items()],
             "code_axis": axis.to_dict() if axis is not None else None,
-            "plan": ({"best": plan["best"], "server_args": plan["server_args"]} if plan is not None else None)}
+            "plan": ({"best": plan["best"], "server_args": plan["server_args"]} if plan is not None else None),
+            "capacity": capacity}
 
 
 def _plan(target) -> dict | None:
