@@ -121,15 +121,15 @@ def capacity_sweep(source: str | Path, out: str | Path, *, pool: str = "swa", si
         pool: ``swa``, ``host`` or ``full``.
         sizes_tokens: the sizes (tokens, whole pages); default ``points`` sizes (default
             :data:`DEFAULT_POINTS`) log-spaced from ``min_tokens`` (default ``max / 16``; for SWA at
-            least the window plus two pages) to ``max_tokens`` (default the pool's resolved size;
-            the host pool without one: four full pools), rounded down to pages.
+            least the window plus a page, two pages at least) to ``max_tokens`` (default the pool's
+            resolved size; the host pool without one: four full pools), each to the nearest page.
         full_pool_tokens, swa_pool_tokens, host_pool_tokens: the fixed size of the pools not swept
             (default: resolved from ``source`` under ``policy``).
         model: a model preset for the bytes per token (needed when the trace records none).
         jobs, executor, progress: as :func:`replay.runs.sweep.sweep`.
     Raises:
         RunError: an unknown pool, a bad size (not a positive whole number of pages, too small for
-            the pool, given twice is fine), no bytes per token (give ``model``), a source without
+            the pool; a size given twice runs once), no bytes per token (give ``model``), a source without
             SWA for ``pool="swa"``, ``out`` holding another capacity sweep or sweep.
     """
     from replay.runs.sweep import sweep
@@ -252,7 +252,7 @@ def _default_sizes(pool: str, fixed: dict, page: int, floor: int, points, lo, hi
     if n == 1 or hi == lo:
         return [hi]
     raw = np.geomspace(lo, hi, n)
-    return _check_sizes([max(floor, int(v) // page * page) for v in raw], pool, page, floor)
+    return _check_sizes([max(floor, int(round(v / page)) * page) for v in raw], pool, page, floor)
 
 
 def _bytes(source: Path, model: str | None, pool: str) -> tuple[dict, str]:
