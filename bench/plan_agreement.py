@@ -17,19 +17,22 @@ ratio; ``agrees``: |Δhit| <= 0.01 and |Δpeak SWA| <= 2 % of the reference's pe
 where they part).
 
 Budgets (mellum-like-swa: 14,336 B per full token, 43,008 B per SWA token; page 16, window 128,
-chunk 8,192 as the workloads replay). Each is chosen so SWA matters: the best split is neither
-the largest SWA share (a full pool too small for the sessions' history or the longest request)
-nor the smallest (an SWA pool too small to admit a chunk beside the running requests, so
-admissions wait and prefixes are tombstoned or evicted). Measured on the reference sweep over
-the 13 default ratios (no early stop) before choosing:
+chunk 8,192 as the workloads replay). Each is chosen so SWA matters: the SWA share trades against
+the full pool, and the best split is not the largest share (a full pool too small for the
+history or the longest request). Measured on the reference sweep before choosing:
 
-- ``shared_prefix`` 1 GB (r 0.02: 64 K full / 1.3 K SWA ... r 1.0: 17 K / 17 K): requests are
-  short (at most 20 K tokens), so 1 GB keeps the shared prefixes only at a small SWA share;
-- ``multi_turn`` 2 GB: the longest request (94 K tokens) no longer fits at r >= 0.6 (full 35 K at
-  1.0), the sessions' history competes with the SWA pool below that;
-- ``long_context``, ``mixed``, ``agentic`` 3 GB, ``production_1h`` 4 GB: requests of up to 128 K
-  tokens need >= ~131 K full tokens, so large SWA shares abort them; small shares starve SWA
-  (mixed at 3 GB: hit 0.059 with retractions at r 0.02, 0.119 at r 0.1, aborts from r 0.3).
+- ``shared_prefix`` 1 GB: too little SWA at r 0.05 (3 K tokens: 68 retractions, hit 0.59), the
+  best at r 0.1 (hit 0.757), then the shrinking full pool (64 K -> 17 K tokens) loses the shared
+  prefixes (hit 0.37 at r 1.0, 8 aborts);
+- ``multi_turn`` 2 GB: r 0.05 aborts one request (6 K SWA tokens), hits rise to 0.053 at r 0.15,
+  and from r 0.2 the full pool (87 K) no longer fits the longest request (94 K): 2 aborts;
+- ``long_context`` 16 GB: its contexts are re-read only from a full pool of ~800 K tokens on
+  (the one-pass LRU curve is 0 up to 400 K), so 3 GB gives hit 0 everywhere; at 16 GB the hit
+  ratio falls from 0.081 (r <= 0.15, 0.97-0.77 M full) to 0 (r >= 0.6);
+- ``mixed`` 3 GB: hit 0.059 and 59 retractions at r 0.02, 0.119 at r 0.1, aborts from r 0.3
+  (requests of up to 115 K tokens);
+- ``agentic`` 3 GB, ``production_1h`` 4 GB: requests of up to 120-130 K tokens need >= ~131 K
+  full tokens (aborts at large shares), while the sessions' prefixes want all the full pool.
 
 Ratio 0.02 is left out: its SWA pool (1.3 K tokens at 1 GB, 3.9 K at 3 GB) is below one 8 K chunk,
 so it is never the best split (mixed at 3 GB: hit 0.059 and 59 retractions), and on shared_prefix
@@ -58,7 +61,7 @@ sys.path.insert(0, str(ROOT))
 
 WORKLOADS = ("shared_prefix", "multi_turn", "long_context", "mixed", "agentic", "production_1h")
 #: device KV budget (GB) per workload (the docstring says why)
-BUDGETS_GB = {"shared_prefix": 1.0, "multi_turn": 2.0, "long_context": 3.0, "mixed": 3.0, "agentic": 3.0,
+BUDGETS_GB = {"shared_prefix": 1.0, "multi_turn": 2.0, "long_context": 16.0, "mixed": 3.0, "agentic": 3.0,
               "production_1h": 4.0}
 MODEL = "mellum-like-swa"
 #: the plan's default ratios less 0.02 (see the docstring)
