@@ -16,7 +16,8 @@ evicted, and the match happens at admission rather than arrival.
 
 SWA occupancy has no such curve: whether an SWA page survives depends on tombstoning, window
 locks and admission decisions that change with the pool size, not on an access order that is
-fixed in advance; kvtrace sweeps replays over ``swa_pool_tokens`` instead.
+fixed in advance; kvtrace replays each size instead (:func:`replay.runs.capacity.capacity_sweep`,
+``kvtrace capacity --pool swa|host``), with this curve beside it as the full pool's fast bound.
 """
 
 from __future__ import annotations
@@ -68,36 +69,26 @@ class CapacityCurve:
 
 
 def capacity_curve(trace_or_workload, pool: str = "full", policy: str = "lru",
-                   page_size: int | None = None, capacities_tokens=None, *, out=None, **sweep_args):
-    """One-pass LRU capacity curve of the full device pool (a :class:`CapacityCurve`).
+                   page_size: int | None = None, capacities_tokens=None) -> CapacityCurve:
+    """One-pass LRU capacity curve of the full device pool.
 
-    ``pool="swa"`` or ``"host"`` has no one-pass curve: with ``out`` (a sweep directory) this
-    returns :func:`replay.runs.capacity.capacity_sweep` of that pool (``sweep_args``: its
-    ``sizes_tokens``, ``points``, ``model``, ``jobs``, ...), a
-    :class:`replay.runs.capacity.CapacitySweep`; without ``out`` it is refused naming it.
+    The SWA and host pools have no one-pass curve: ``pool="swa"``/``"host"`` is refused naming
+    :func:`replay.runs.capacity.capacity_sweep` (``kvtrace capacity``), which replays each size
+    (that module reads this one for the bound, so this one does not call it).
 
     Args:
         trace_or_workload: a trace, run or workload directory (only its ``request`` rows are read).
-        pool: ``"full"`` (one pass), or ``"swa"``/``"host"`` (replays, with ``out``).
+        pool: only ``"full"``; ``"swa"``/``"host"`` are refused (use ``capacity_sweep``).
         policy: only ``"lru"`` (stack distances need an eviction order with the inclusion property).
         page_size: default the trace's server page size (workloads: their hash block).
         capacities_tokens: grid for the arrays (default: 64 log-spaced sizes up to the footprint).
     """
-    if pool in ("swa", "host") and out is not None:
-        from replay.runs.capacity import capacity_sweep
-
-        return capacity_sweep(trace_or_workload, out, pool=pool, **sweep_args)
     if pool != "full":
         raise ValueError(f"pool={pool!r}: a one-pass capacity curve exists only for the full pool; "
                          "SWA occupancy depends on tombstones, window locks and admission (and the host "
                          "pool on the device pool's evictions), so replay each size: "
-                         "capacity_curve(..., pool='swa'|'host', out=DIR) or "
-                         "replay.runs.capacity.capacity_sweep / kvtrace capacity --pool swa|host "
-                         "(docs/capacity.md, 'Capacity curves')")
-    if out is not None or sweep_args:
-        raise ValueError(f"pool='full': the one-pass curve takes no out/sweep arguments "
-                         f"({', '.join(['out'] * (out is not None) + sorted(sweep_args))}); for replays of "
-                         "full pool sizes use replay.runs.capacity.capacity_sweep(pool='full')")
+                         "replay.runs.capacity.capacity_sweep(source, out, pool='swa'|'host', ...) or "
+                         "kvtrace capacity --pool swa|host (docs/capacity.md, 'Capacity curves')")
     if policy != "lru":
         raise ValueError(f"policy={policy!r}: only 'lru' has the inclusion property one-pass "
                          "stack distances need; replay other policies at each size")
