@@ -140,7 +140,7 @@ def capacity_sweep(source: str | Path, out: str | Path, *, pool: str = "swa", si
     fixed, page, window = _fixed_sizes(source, policy, backend, full_pool_tokens, swa_pool_tokens, host_pool_tokens)
     if pool == "swa" and not window:
         raise RunError(f"{source}: no SWA pool under policy {policy!r} (sliding_window_tokens is 0); "
-                       "an SWA curve needs a hybrid-SWA trace or --set sliding_window_tokens")
+                       "an SWA curve needs a hybrid-SWA source (a sliding window under --policy)")
     floor = _floor(pool, page, window)
     sizes = (_check_sizes(sizes_tokens, pool, page, floor) if sizes_tokens is not None else
              _default_sizes(pool, fixed, page, floor, points, min_tokens, max_tokens))
