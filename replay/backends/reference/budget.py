@@ -85,6 +85,19 @@ class PrefillBudget:
         self.lock_full = 0
         self.lock_swa = 0
 
+    @classmethod
+    def with_offset(cls, model, settings, total_offset: float) -> PrefillBudget:
+        """A budget whose running requests' reservation is given (``total_offset``, the same sum
+        ``__init__`` takes over the running requests, computed by the caller in the same order)."""
+        self = cls.__new__(cls)
+        self.model, self.s, self.ps = model, settings, settings.page_size
+        self.window = settings.sliding_window_tokens
+        self.rem_chunk = settings.chunked_prefill_size
+        self.rem_input = settings.max_prefill_tokens
+        self.total_offset = total_offset
+        self.current_offset = self.swa_offset = self.lock_full = self.lock_swa = 0
+        return self
+
     # ---- live capacity
     def _full_room(self) -> int:
         return self.model.pools.full_available_tokens() + (self.model.cache.full_ledger()[0] - self.lock_full)

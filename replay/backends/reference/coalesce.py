@@ -14,7 +14,8 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
   known in closed form);
 - the page allocations of the requests at a page boundary (``_take_list`` of each pool, in batch
   order, as ``alloc_flagged_pages``);
-- the token append, length and decode-index updates of every running request;
+- the token append, length and decode-index updates of every running request, applied together
+  when the stretch ends (or before an integrity check inside it);
 - the trace rows a step-by-step run writes, in the same order: the clock, the head's ``match``
   row, the release rows and pool rows, the ``step`` row and the ``stats`` rows.
 
@@ -41,7 +42,7 @@ from time import perf_counter_ns
 
 import tracer
 from replay.backends.base import StepRecord
-from replay.backends.reference.budget import PrefillBudget
+from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, PrefillBudget
 from replay.backends.reference.request import EOS_TOKEN_ID
 from tracer.schema import CacheOp, Mode, Pool, SchedKind
 
@@ -172,8 +173,11 @@ class CoalesceMixin:
             refresh = self._prefix_refresh_calls
             m = head.match
             hit = (head.req.rid, m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens)
+            left = [r.max_new_tokens - len(r.output_ids) for r in batch]  # outputs still to come
         eic_head = head is not None and self._eic
-        ran = 0
+        # the requests' lengths, decode indices and output ids lag ``ran - flushed`` steps behind
+        # inside the stretch (``_catch_up``); what reads them here adds the lag
+        ran = flushed = 0
         while ran < limit:
             # -- preconditions of this step (nothing is changed until they hold)
             if (full.available_tokens() < room or len(full._rev) < bs
@@ -184,7 +188,11 @@ class CoalesceMixin:
             if head is not None:
                 if refresh % _REFRESH_INTERVAL == 0:
                     break  # the waiting-queue prefix refresh walks at this admission
-                budget = PrefillBudget(model, s, batch, self.ratio.current)
+                # ``PrefillBudget.__init__``'s reservation, term by term and in batch order, on the
+                # output lengths this step would see (``ran`` tokens appended since ``left``)
+                ratio = self.ratio.current
+                budget = PrefillBudget.with_offset(
+                    model, s, sum([min(d - ran, CLIP_MAX_NEW_TOKENS) * ratio for d in left]))
                 if budget.state() == "other":
                     break
                 budget.lock_full, budget.lock_swa = lock_full, lock_swa
@@ -208,7 +216,7 @@ class CoalesceMixin:
             self._last_retracted = 0
             self.ratio.decay_step()
             if countdown <= 0:
-                countdown = self._stretch_releases(batch, rows, trig)
+                countdown = self._stretch_releases(batch, rows, trig, ran - flushed)
             need = buckets[phase]
             if need:
                 got = full._take_list(len(need))
@@ -220,11 +228,6 @@ class CoalesceMixin:
                     rows[i].pages.append(page)
             phase = phase + 1 if phase + 1 < ps else 0
             countdown -= 1
-            for r, st in zip(batch, rows):
-                st.seq_tokens += 1
-                r.decode_batch_idx += 1
-                out = r.output_ids
-                out.append(r.plan[len(out)])
             self.clock_ns = clock + step_ns
             res = self.result
             res.num_decode_steps += 1
@@ -246,7 +249,10 @@ class CoalesceMixin:
             if on_step is not None:
                 on_step(record, self)
             if self.check_integrity_every and self.forward_ct % self.check_integrity_every == 0:
+                _catch_up(batch, rows, ran - flushed)
+                flushed = ran
                 self.check_integrity()
+        _catch_up(batch, rows, ran - flushed)
         if ran:
             self.last_batch = list(batch)
             if head is not None:
@@ -257,33 +263,47 @@ class CoalesceMixin:
                 head.version = tree.version
         return ran
 
-    def _stretch_releases(self, batch, rows, trig) -> int:
+    def _stretch_releases(self, batch, rows, trig, lag: int) -> int:
         """The out-of-window releases due at this step, in batch order (the normal path's test per
-        request); returns the steps to the next one."""
+        request; lengths ``lag`` steps behind); returns the steps to the next one."""
         model, s = self.model, self.settings
         interval = s.swa_eviction_interval_tokens
         for i, st in enumerate(rows):
             r = batch[i]
-            if st.seq_tokens < trig[i] or r.decode_batch_idx < 1:
+            seq = st.seq_tokens + lag
+            if seq < trig[i] or r.decode_batch_idx + lag < 1:
                 continue
-            freed = model.free_swa_out_of_window(r.rid, st.seq_tokens, interval)
+            freed = model.free_swa_out_of_window(r.rid, seq, interval)
             if freed:
                 tracer.cache(_SWA_RELEASE, r.rid, 0, 0, 0, 0, freed)
             trig[i] = st.swa_evicted_tokens + interval + s.sliding_window_tokens
-        return self._release_countdown(batch, rows, trig)
+        return self._release_countdown(batch, rows, trig, lag)
 
     @staticmethod
-    def _release_countdown(batch, rows, trig) -> int:
+    def _release_countdown(batch, rows, trig, lag: int = 0) -> int:
         """Steps from now to the first step at which some request's release test passes (0: this
         step); a request before its first decode is not tested at this step."""
         best = _NEVER
         for i, st in enumerate(rows):
-            d = trig[i] - st.seq_tokens
-            if d <= 0 and batch[i].decode_batch_idx < 1:
+            d = trig[i] - st.seq_tokens - lag
+            if d <= 0 and batch[i].decode_batch_idx + lag < 1:
                 d = 1
             if d < best:
                 best = d
         return max(best, 0)
+
+
+def _catch_up(batch, rows, k: int) -> None:
+    """Apply ``k`` decode steps to the requests' lengths, decode indices and output ids (the
+    tokens of their plans: no request finishes inside a stretch)."""
+    if k <= 0:
+        return
+    for r, st in zip(batch, rows):
+        st.seq_tokens += k
+        r.decode_batch_idx += k
+        out = r.output_ids
+        n = len(out)
+        out.extend(r.plan[n:n + k])
 
 
 def _eic_swa_missing(model, m) -> int:

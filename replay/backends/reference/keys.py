@@ -54,13 +54,15 @@ class _Powers:
 _POWERS = _Powers()
 
 
-def page_keys(tokens: np.ndarray, page_size: int, prev: int = 0) -> tuple[list[int], int]:
+def page_keys(tokens: np.ndarray, page_size: int, prev: int = 0, chains: list | None = None
+              ) -> tuple[list[int], int]:
     """Keys of the whole pages of ``tokens`` chained after ``prev``.
 
     Args:
         tokens: int64 token ids (a multiple of ``page_size`` long).
         page_size: tokens per page.
         prev: the chain value after the previous page (0 at the start of a sequence).
+        chains: when given, the chain value after each page is appended to it.
     Returns:
         (keys as non-negative Python ints < 2^63, the chain value after the last page).
     """
@@ -75,7 +77,27 @@ def page_keys(tokens: np.ndarray, page_size: int, prev: int = 0) -> tuple[list[i
         s = np.cumsum(h * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
         c = pw * s  # c_k = P^k * (P * prev + sum_j h_j P^-j)
         keys = (_mix64(c) >> np.uint64(1)).tolist()
+    if chains is not None:
+        chains.extend(c.tolist())
     return keys, int(c[-1])
+
+
+class LazyPrompt:
+    """A prompt's token ids synthesized on demand, a slice at a time (``synth.sequence_slice``):
+    a request whose leading pages are adopted from its session's previous turn never builds
+    them."""
+
+    __slots__ = ("synth", "wreq", "length")
+
+    def __init__(self, synth, wreq, length: int) -> None:
+        self.synth, self.wreq, self.length = synth, wreq, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        start, stop, _ = sl.indices(self.length)
+        return self.synth.sequence_slice(self.wreq, start, stop)
 
 
 class PageKeys:
@@ -84,18 +106,19 @@ class PageKeys:
     lazily.
 
     Args:
-        tokens: the prompt's token ids.
+        tokens: the prompt's token ids (an array, or a :class:`LazyPrompt`).
         page_size: tokens per page.
         extra: the tokens after the prompt, appended to by the caller (a new list when None).
     """
 
-    __slots__ = ("prompt", "extra", "ps", "keys", "_last")
+    __slots__ = ("prompt", "extra", "ps", "keys", "chains", "_last")
 
     def __init__(self, tokens, page_size: int, extra: list[int] | None = None) -> None:
-        self.prompt = np.ascontiguousarray(tokens, dtype=np.int64)
+        self.prompt = tokens if isinstance(tokens, LazyPrompt) else np.ascontiguousarray(tokens, dtype=np.int64)
         self.extra = [] if extra is None else extra
         self.ps = page_size
         self.keys: list[int] = GrowingKeys()  # append-only: the tree memoizes its key comparisons
+        self.chains: list[int] = []  # the chain value after each keyed page
         self._last = 0  # the chain value after the last keyed page
 
     @property
@@ -105,12 +128,26 @@ class PageKeys:
     def append(self, token: int) -> None:
         self.extra.append(int(token))
 
+    def adopt(self, other: PageKeys, pages: int) -> None:
+        """Take the first ``pages`` keys of ``other``, a sequence whose first ``pages * ps``
+        tokens are this one's (the caller knows: equal hash blocks give equal tokens), instead of
+        hashing them again. Only before any key of this sequence is computed."""
+        if self.keys or pages <= 0:
+            return
+        other.up_to(pages * self.ps)
+        pages = min(pages, len(other.keys))
+        if pages <= 0:
+            return
+        self.keys.extend(other.keys[:pages])
+        self.chains.extend(other.chains[:pages])
+        self._last = self.chains[-1]
+
     def _tokens(self, start: int, end: int) -> np.ndarray:
         p = len(self.prompt)
         if end <= p:
             return self.prompt[start:end]
         tail = np.array(self.extra[max(0, start - p):end - p], dtype=np.int64)
-        return tail if start >= p else np.concatenate((self.prompt[start:], tail))
+        return tail if start >= p else np.concatenate((self.prompt[start:p], tail))
 
     def up_to(self, num_tokens: int) -> list[int]:
         """Keys of the full pages within the first ``num_tokens`` tokens (the object's own list
@@ -119,9 +156,9 @@ class PageKeys:
         n = min(num_tokens, len(self.prompt) + len(self.extra)) // self.ps
         if len(keys) < n:
             ps = self.ps
-            new, self._last = page_keys(self._tokens(len(keys) * ps, n * ps), ps, self._last)
+            new, self._last = page_keys(self._tokens(len(keys) * ps, n * ps), ps, self._last, self.chains)
             keys.extend(new)
         return keys if n == len(keys) else keys[:n]
 
 
-__all__ = ["PageKeys", "page_keys"]
+__all__ = ["LazyPrompt", "PageKeys", "page_keys"]

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from time import perf_counter_ns
 
+import numpy as np
+
 import tracer
 from replay.backends.base import RunResult, StepRecord
 from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
 from replay.backends.reference.coalesce import CoalesceMixin
 from replay.backends.reference.decode import DecodeMixin
+from replay.backends.reference.keys import LazyPrompt
 from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
@@ -66,6 +69,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if alloc is not None:
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
+        self._session_keys: dict[int, tuple] = {}  # session -> (its last arrived turn, that turn's PageKeys)
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
@@ -153,9 +157,10 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             self._next_arrival += 1
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
-            prompt = self._synth._sequence(wreq, wreq.input_len)
+            prompt = LazyPrompt(self._synth, wreq, int(wreq.input_len))
             req = RefReq(wreq, prompt, self._synth.output_ids(wreq), s.page_size,
                          self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)))
+            self._adopt_session_prefix(req, wreq)
             self._active[req.rid] = req
             tracer.request(int(RequestEvent.ARRIVAL), req.rid, int(wreq.session_id), int(wreq.turn),
                            req.input_len, int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid),
@@ -164,6 +169,22 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
                 self._complete(req, "too_long")
             else:
                 self.waiting.append(req)
+
+    def _adopt_session_prefix(self, req: RefReq, wreq) -> None:
+        """Reuse the page keys of the session's previous turn for the leading pages whose hash
+        blocks are the same (equal blocks are equal tokens, so equal keys): a new turn hashes and
+        synthesizes only what is new. The session's entry is dropped at its last turn."""
+        sid = int(wreq.session_id)
+        if sid < 0:
+            return
+        prev = self._session_keys.get(sid)
+        if prev is not None:
+            req.keys.adopt(prev[1], _shared_block_pages(prev[0], wreq, self._synth.block_tokens,
+                                                        self.settings.page_size))
+        if wreq.rid in self._synth._next_turn:
+            self._session_keys[sid] = (wreq, req.keys)
+        else:
+            self._session_keys.pop(sid, None)
 
     def _max_new_tokens(self, input_len: int, max_new_tokens: int) -> int:
         """sglang ``Scheduler.init_req_max_new_tokens``: ``max_new_tokens`` clipped to the request
@@ -338,6 +359,21 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
     def _occ_text(self) -> str:
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
+
+
+def _shared_block_pages(a, b, block_tokens: int, ps: int) -> int:
+    """Leading whole pages of ``a``'s and ``b``'s prompts that lie in equal hash blocks (0 when a
+    page is not a whole number of blocks)."""
+    if ps % block_tokens:
+        return 0
+    per = ps // block_tokens
+    ha, hb = a.page_hashes, b.page_hashes
+    pages = min(min(len(ha) * block_tokens, int(a.input_len)), min(len(hb) * block_tokens, int(b.input_len))) // ps
+    n = pages * per
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(ha[:n]) != np.asarray(hb[:n]))
+    return (int(diff[0]) if len(diff) else n) // per
 
 
 def _int_list(xs) -> list[int]:

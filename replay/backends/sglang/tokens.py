@@ -96,6 +96,24 @@ class TokenSynth:
             return head
         return np.concatenate([head, unique_token_ids(req.rid, covered, length)])
 
+    def sequence_slice(self, req: WorkloadRequest, start: int, stop: int) -> np.ndarray:
+        """``_sequence(req, L)[start:stop]`` for any ``L >= stop``, computing only those positions
+        (block tokens of the blocks they overlap, request-unique tokens past the hashed blocks:
+        both depend on the absolute position only)."""
+        bt = self.block_tokens
+        covered = len(req.page_hashes) * bt
+        start, stop = max(0, start), max(start, stop)
+        parts = []
+        if start < min(stop, covered):
+            b0, b1 = start // bt, -(-min(stop, covered) // bt)
+            ids = block_token_ids(req.page_hashes[b0:b1], bt)
+            parts.append(ids[start - b0 * bt: min(stop, covered) - b0 * bt])
+        if stop > covered:
+            parts.append(unique_token_ids(req.rid, max(start, covered), stop))
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
     def prompt_ids(self, req: WorkloadRequest) -> DeclaredPrompt:
         """Prompt token ids (``input_len`` of them) as the ``array('q')`` sglang's Req takes.
 
@@ -118,9 +136,8 @@ class TokenSynth:
         if (nxt is not None and nxt.input_len > req.input_len and full <= len(nxt.page_hashes)
                 and full <= len(req.page_hashes)
                 and np.array_equal(nxt.page_hashes[:full], req.page_hashes[:full])):
-            seq = self._sequence(nxt, nxt.input_len)
             shared = min(n_out, nxt.input_len - req.input_len)
-            ids[:shared] = seq[req.input_len: req.input_len + shared]
+            ids[:shared] = self.sequence_slice(nxt, req.input_len, req.input_len + shared)
         tokens = ids.tolist()
         if n_out < req.max_new_tokens:
             tokens[-1] = EOS_TOKEN_ID
