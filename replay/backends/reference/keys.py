@@ -111,10 +111,11 @@ class PageKeys:
         extra: the tokens after the prompt, appended to by the caller (a new list when None).
     """
 
-    __slots__ = ("prompt", "extra", "ps", "keys", "chains", "_last")
+    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "chains", "_last")
 
     def __init__(self, tokens, page_size: int, extra: list[int] | None = None) -> None:
         self.prompt = tokens if isinstance(tokens, LazyPrompt) else np.ascontiguousarray(tokens, dtype=np.int64)
+        self.prompt_len = len(self.prompt)
         self.extra = [] if extra is None else extra
         self.ps = page_size
         self.keys: list[int] = GrowingKeys()  # append-only: the tree memoizes its key comparisons
@@ -123,7 +124,7 @@ class PageKeys:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.extra)
+        return self.prompt_len + len(self.extra)
 
     def append(self, token: int) -> None:
         self.extra.append(int(token))
@@ -143,7 +144,7 @@ class PageKeys:
         self._last = self.chains[-1]
 
     def _tokens(self, start: int, end: int) -> np.ndarray:
-        p = len(self.prompt)
+        p = self.prompt_len
         if end <= p:
             return self.prompt[start:end]
         tail = np.array(self.extra[max(0, start - p):end - p], dtype=np.int64)
@@ -153,7 +154,10 @@ class PageKeys:
         """Keys of the full pages within the first ``num_tokens`` tokens (the object's own list
         when that is every key computed so far: callers copy, never mutate)."""
         keys = self.keys
-        n = min(num_tokens, len(self.prompt) + len(self.extra)) // self.ps
+        total = self.prompt_len + len(self.extra)
+        n = (num_tokens if num_tokens < total else total) // self.ps
+        if n == len(keys):
+            return keys
         if len(keys) < n:
             ps = self.ps
             new, self._last = page_keys(self._tokens(len(keys) * ps, n * ps), ps, self._last, self.chains)
