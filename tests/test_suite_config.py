@@ -56,3 +56,43 @@ def test_the_suite_writes_bytecode():
     out = subprocess.run([sys.executable, "-c", "import sys; print(sys.dont_write_bytecode)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_make_test_runs_each_module_and_each_xdist_group_on_one_worker(tmp_path):
+    """tests/xdist_groups.py: with ``-n 2 --dist loadgroup`` (make test) a module's tests, and an
+    ``xdist_group``'s across modules, run on one worker (module fixtures once, not per worker)."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.xdist_groups import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401\n")
+    grouped = textwrap.dedent("""
+        import time, pytest
+        pytestmark = pytest.mark.xdist_group("g1")
+        @pytest.fixture(scope="module", params=["a", "b"])
+        def p(request):
+            return request.param
+        @pytest.mark.parametrize("i", range(3))
+        def test_x(p, i):
+            time.sleep(0.05)
+    """)
+    plain = textwrap.dedent("""
+        import time, pytest
+        @pytest.mark.parametrize("i", range(5))
+        def test_y(i):
+            time.sleep(0.05)
+    """)
+    for name, text in (("test_g1.py", grouped), ("test_g2.py", grouped), ("test_a.py", plain),
+                       ("test_b.py", plain), ("test_c.py", plain)):
+        (tmp_path / name).write_text(text)
+    res = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2",
+                          "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    workers: dict[str, set] = {}
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in ("[gw0]", "[gw1]") and "PASSED" in parts:
+            nodeid = parts[-1]
+            unit = nodeid.split("@")[1] if "@" in nodeid else nodeid.split("::")[0]
+            workers.setdefault(unit, set()).add(parts[0])
+    assert set(workers) == {"g1", "test_a.py", "test_b.py", "test_c.py"}, res.stdout
+    assert all(len(w) == 1 for w in workers.values()), workers
