@@ -3,15 +3,17 @@
     python bench/replay_speed.py [--workload data/workloads/mixed[,data/workloads/production_1h]]
         [--policy swa-fixes] [--set K=V ...] [--backends reference,sglang] [--json]
 
-Runs ``replay_run`` once per backend (reference first) and per workload (several, comma-separated,
-are measured in turn in one run: ``workloads`` in the output holds each one's keys) into a
-temporary directory and prints ``reference_sim_s_per_wall_s``, ``sglang_sim_s_per_wall_s`` and
-their ``ratio``, and ``realtime_x_stepwise`` (the reference figure; the reference backend steps one
-scheduler iteration at a time: issue 26's step coalescing is not built, so there is no
-``realtime_x_coalesced`` yet). Wall time includes writing the trace and computing the summary, as
-``kvtrace replay`` does. On a shared machine the wall figure measures the load as much as the
-backend, so each backend's CPU seconds (this process, ``time.process_time``) and simulated
-seconds per CPU second are printed beside it, and the steps.
+Runs ``replay_run`` per backend and per workload (several, comma-separated, are measured in turn
+in one run: ``workloads`` in the output holds each one's keys) into a temporary directory. The
+reference backend runs once per ``--coalescing`` value (default ``off,on``: step by step, then
+with exact decode-step coalescing, :mod:`replay.backends.reference.coalesce`), side by side in
+the same process: ``realtime_x_stepwise``, ``realtime_x_coalesced`` (simulated seconds per wall
+second), ``coalesced_over_stepwise_cpu`` (the CPU ratio, the figure a loaded machine does not
+distort much) and ``same_steps``; the sglang backend's ``sglang_sim_s_per_wall_s`` beside them and
+``ratio`` (the faster reference figure over sglang's). Wall time includes writing the trace and
+computing the summary, as ``kvtrace replay`` does. On a shared machine the wall figure measures
+the load as much as the backend, so each run's CPU seconds (this process, ``time.process_time``)
+and simulated seconds per CPU second are printed beside it, and the steps.
 
 Measured 2026-12-01 20:50-21:00 UTC on the shared 2-core machine (load average 2-5; a pure
 Python loop ran ~3x slower than on a quiet machine), ``--policy swa-fixes``:
