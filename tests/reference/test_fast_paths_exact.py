@@ -22,7 +22,7 @@ from tests.reference.rows import first_difference, reference_rows
 
 POLICIES = ("baseline", "swa-fixes", "eic")
 WORKLOADS = Path(__file__).resolve().parents[2] / "data" / "workloads"
-BUNDLED = ("agentic", "long_context", "mixed", "multi_turn", "shared_prefix", "production_1h")
+BUNDLED = ("agentic", "long_context", "mixed", "multi_turn", "shared_prefix")  # the committed ones
 
 
 def _both(tmp_path, workload, policy, sets=(), max_requests=None):
@@ -113,15 +113,14 @@ def test_fast_paths_exact_on_hypothesis_workloads(tmp_path_factory, seed, ps, wi
 
 
 def test_stretches_run_on_a_pressured_swa_workload():
-    """Most steps of the first arrivals of production_1h run in stretches (else the speed figure
-    of ``bench/replay_speed.py`` would be the step-by-step one)."""
+    """Most steps of ``mixed`` (a pressured SWA workload: the head of the queue waits for SWA) run
+    in stretches (else the speed figure of ``bench/replay_speed.py`` would be the step-by-step one)."""
     from replay.backends.reference.scheduler import ReferenceBackend
     from replay.backends.reference.settings import from_knobs
     from replay.knobs import resolve
     from replay.workloads import read_workload
 
-    wl = read_workload(WORKLOADS / "production_1h")
-    wl.__dict__["requests"] = wl.requests[:200]
+    wl = read_workload(WORKLOADS / "mixed")
     values, _ = resolve("swa-fixes", ["decode_coalescing=on"], wl.manifest.get("server"))
     with ReferenceBackend(wl, from_knobs(values)) as be:
         normal = coalesced = 0
@@ -133,5 +132,5 @@ def test_stretches_run_on_a_pressured_swa_workload():
                 be.step()
                 normal += 1
         be.check_integrity()
-    assert be.result.num_finished == 200
+    assert be.result.num_finished == len(wl.requests)
     assert coalesced > 2 * normal, (coalesced, normal)
