@@ -40,10 +40,13 @@ class EICCache(RadixCache):
     def match(self, key: list[int]) -> MatchResult:
         """FULL-only match; ``swa_host_hit_tokens`` counts window pages without SWA peers."""
         m = self.tree.match(key)
-        window = self._window_pages(m.prefix_pages, m.device_hit_tokens)
-        missing = sum(1 for s in self.pools.translate(window) if s == 0)
-        m.swa_host_hit_tokens = missing * self.ps
+        m.swa_host_hit_tokens = self.missing_swa_tokens(m)
         return m
+
+    def missing_swa_tokens(self, m: MatchResult) -> int:
+        """Tokens of the window above ``m``'s device prefix whose SWA peer is gone (read live)."""
+        window = self._window_pages(m.prefix_pages, m.device_hit_tokens)
+        return sum(1 for s in self.pools.translate(window) if s == 0) * self.ps
 
     def load_back(self, req: ReqState) -> int:
         """Restore missing SWA within one window above the prefix from the host copy.

@@ -43,7 +43,6 @@ from time import perf_counter_ns
 import tracer
 from replay.backends.base import StepRecord
 from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, PrefillBudget
-from replay.backends.reference.request import EOS_TOKEN_ID
 from tracer.schema import CacheOp, Mode, Pool, SchedKind
 
 _STEP = int(SchedKind.STEP)
@@ -93,7 +92,7 @@ class CoalesceMixin:
         if (memo is None or tree is None or not s.has_swa or self.waiting[0] is not memo.req
                 or tree.version != memo.version or s.eviction_policy != "lru"):
             return None
-        if self._eic and _eic_swa_missing(self.model, memo.match) != memo.match.swa_host_hit_tokens:
+        if self._eic and self.model.cache.missing_swa_tokens(memo.match) != memo.match.swa_host_hit_tokens:
             return None  # a release freed SWA peers of the head's window since its match (EIC)
         return "head"
 
@@ -241,7 +240,7 @@ class CoalesceMixin:
             tracer.sched(_STEP, fct, _DECODE, bs, bs, 0)
             stats = tracer.stats
             for name, capacity, available, evictable, protected, held in model.occupancy_rows():
-                stats(fct, _POOL_ID[name], capacity, available, evictable, protected, held)
+                stats(fct, POOL_IDS[name], capacity, available, evictable, protected, held)
             record = StepRecord(self.forward_ct, "decode", bs, bs, step_ns, self.clock_ns, 0,
                                 perf_counter_ns() - t0)
             self.forward_ct += 1
@@ -306,15 +305,7 @@ def _catch_up(batch, rows, k: int) -> None:
         out.extend(r.plan[n:n + k])
 
 
-def _eic_swa_missing(model, m) -> int:
-    """The EIC match's ``swa_host_hit_tokens`` now (``EICCache.match``: window pages of the device
-    prefix whose SWA peer is gone)."""
-    cache = model.cache
-    window = cache._window_pages(m.prefix_pages, m.device_hit_tokens)
-    return sum(1 for p in model.pools.translate(window) if p == 0) * cache.ps
-
-
-_POOL_ID = {"full": int(Pool.FULL), "swa": int(Pool.SWA), "host_full": int(Pool.HOST_FULL),
+POOL_IDS = {"full": int(Pool.FULL), "swa": int(Pool.SWA), "host_full": int(Pool.HOST_FULL),
             "host_swa": int(Pool.HOST_SWA)}
 
-__all__ = ["CoalesceMixin", "HeadRefusal"]
+__all__ = ["POOL_IDS", "CoalesceMixin", "HeadRefusal"]

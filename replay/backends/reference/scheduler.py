@@ -24,18 +24,16 @@ import tracer
 from replay.backends.base import RunResult, StepRecord
 from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
-from replay.backends.reference.coalesce import CoalesceMixin
+from replay.backends.reference.coalesce import POOL_IDS as _POOL_IDS, CoalesceMixin
 from replay.backends.reference.decode import DecodeMixin
 from replay.backends.reference.keys import LazyPrompt
 from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
-from tracer.schema import CacheOp, Mode, Pool, RequestEvent, SchedKind
+from tracer.schema import CacheOp, Mode, RequestEvent, SchedKind
 
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000
-_POOL_IDS = {"full": int(Pool.FULL), "swa": int(Pool.SWA), "host_full": int(Pool.HOST_FULL),
-             "host_swa": int(Pool.HOST_SWA)}
 _STEP = int(SchedKind.STEP)
 _MODE_IDS = {"idle": int(Mode.IDLE), "prefill": int(Mode.PREFILL), "decode": int(Mode.DECODE)}
 
@@ -287,7 +285,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
     def _release(self, req: RefReq, checkpoint: bool) -> None:
         st = self.model.request(req.rid)
-        before, prot0 = st.swa_evicted_tokens, st.protected_tokens
+        prot0 = st.protected_tokens
         if checkpoint:
             self.model.release(req.rid, checkpoint=True, page_hashes=req.keys.up_to(st.seq_tokens))
             tracer.cache(int(CacheOp.INSERT), req.rid, 0, 0, 0, max(0, st.protected_tokens - prot0))
