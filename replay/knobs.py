@@ -211,6 +211,10 @@ KNOBS: tuple[Knob, ...] = (
          "the same rows as step by step; replay.backends.reference.coalesce); auto = on for the reference "
          "backend (the real backends step their own loop)", group="sim", values=("auto", "off", "on"),
          upstream="issue 26", refused={"sglang": ("on",)}),
+    Knob("stop_on_retraction", str, "off", "reference backend: end the run at its first retraction or abort "
+         "(the run is the same up to there; kvtrace plan uses it to drop a split that cannot serve the trace "
+         "without retracting; the summary's stopped says so)", group="sim", values=("off", "on"),
+         upstream="issue 26", refused={"sglang": ("on",)}),
     Knob("step_fixed_ns", int, 5_000_000, "virtual-clock cost of one forward step", group="sim", min_value=0),
     Knob("step_per_token_ns", int, 20_000, "virtual-clock cost per token run in a step", group="sim",
          min_value=0),

@@ -22,7 +22,7 @@ def plan_frame(plan: dict):
     import polars as pl
 
     cols = ("swa_full_tokens_ratio", "full_pool_tokens", "swa_pool_tokens", "full_gb", "swa_gb", "prefix_hit_ratio",
-            "host_hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "retractions", "aborted", "peak_swa_used", "feasible")
+            "host_hit_ratio", "ttft_p50_ms", "ttft_p99_ms", "retractions", "aborted", "peak_swa_used", "feasible", "status", "stopped_at_s")
     return pl.DataFrame([{c: r.get(c) for c in cols} for r in plan["rows"]], infer_schema_length=None)
 
 
@@ -52,6 +52,13 @@ def plan_figure(plan: dict, *, title: str | None = None):
                              mode="lines+markers", marker={"symbol": sym, "size": 9}, text=text), secondary_y=False)
     fig.add_trace(go.Scatter(x=x, y=[r["ttft_p99_ms"] for r in rows], name="TTFT p99 (ms)", mode="lines+markers",
                              line={"dash": "dot"}, marker={"symbol": sym}, text=text), secondary_y=True)
+    stopped = [r for r in plan["rows"] if r.get("status") == "stopped"]
+    if stopped:  # replays ended at their first retraction or abort: no figures, a mark on the axis
+        fig.add_trace(go.Scatter(x=[r["swa_full_tokens_ratio"] for r in stopped], y=[0.0] * len(stopped),
+                                 name="infeasible (replay stopped at its first retraction/abort)", mode="markers",
+                                 marker={"symbol": "x", "size": 10, "color": "crimson"},
+                                 text=[f"first {'abort' if r['aborted'] and not r['retractions'] else 'retraction'}"
+                                       f" at {r['stopped_at_s']:,.1f} s" for r in stopped]), secondary_y=False)
     bound = plan.get("attainable_hit_ratio")
     if bound:
         fig.add_hline(y=bound, line={"dash": "dash", "color": "grey"},

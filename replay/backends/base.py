@@ -93,6 +93,9 @@ class RunResult:
     cached_tokens: int = 0
     clock_ns: int = 0
     final_occupancy: dict = field(default_factory=dict)
+    #: why the run ended before every request was served ("" = it did not; ``first_retraction``:
+    #: ``stop_on_retraction=on`` ended it at its first retraction or abort)
+    stopped: str = ""
 
 
 @dataclass

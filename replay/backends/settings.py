@@ -61,6 +61,7 @@ class BackendSettings:
     tree_core: str = _default("tree_core")
     max_context_tokens: int = _default("max_context_tokens")
     decode_coalescing: str = _default("decode_coalescing")
+    stop_on_retraction: str = _default("stop_on_retraction")
     step_fixed_ns: int = _default("step_fixed_ns")
     step_per_token_ns: int = _default("step_per_token_ns")
 

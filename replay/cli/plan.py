@@ -30,12 +30,15 @@ from replay.models import PRESETS
 @click.option("--confirm", is_flag=True,
               help="Re-run the winner and its two neighbours on the real sglang backend (~8x real time here).")
 @click.option("--no-early-stop", is_flag=True, help="Replay every ratio (no stop at 99 % of the attainable hit ratio).")
+@click.option("--run-infeasible", is_flag=True,
+              help="Replay an infeasible split to its end (default: its replay ends at its first retraction or "
+                   "abort, which already rules it out; reference backend).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--force", is_flag=True, help="Start over: remove --out first if it holds a kvtrace sweep.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the plan).")
 def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, ratios: str | None, policy: str,
-             model: str | None, out: str, jobs: int, executor: str, confirm: bool, no_early_stop: bool, quiet: bool,
-             force: bool, as_json: bool) -> None:
+             model: str | None, out: str, jobs: int, executor: str, confirm: bool, no_early_stop: bool,
+             run_infeasible: bool, quiet: bool, force: bool, as_json: bool) -> None:
     """Split a device KV budget between the full and SWA pools for TRACE_OR_WORKLOAD.
 
     Each swa_full_tokens_ratio gives the full and SWA pool sizes the budget buys; each split is
@@ -56,6 +59,7 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
     with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=False):
         res = plan(source, out, kv_gb=kv_gb, host_gb=host_gb, objective=objective, ratios=rs, policy=policy,
                    model=model, jobs=jobs, executor=executor, confirm=confirm, early_stop=not no_early_stop,
+                   stop_infeasible=not run_infeasible,
                    progress=not (quiet or as_json))
     if as_json:
         click.echo(json.dumps(res.to_dict(), default=str))
@@ -78,6 +82,12 @@ def plan_lines(res) -> list[str]:
     for r in res.rows:
         mark = ("*" if res.best and r["swa_full_tokens_ratio"] == res.best["swa_full_tokens_ratio"] else " ") + \
             ("r" if res.recorded_ratio is not None and abs(r["swa_full_tokens_ratio"] - res.recorded_ratio) < 1e-9 else " ")
+        if r.get("status") == "stopped":
+            out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
+                       f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  infeasible: first "
+                       f"{'abort' if r['aborted'] and not r['retractions'] else 'retraction'} at "
+                       f"{r['stopped_at_s']:,.1f} s (replay stopped there) {mark}")
+            continue
         if r.get("status") != "ok":
             out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
                        f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  failed {mark} {r.get('error', '')}")

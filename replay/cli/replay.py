@@ -66,6 +66,9 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
     click.echo(f"run {out}: policy {policy}, {s.finished}/{s.requests} finished, {s.retractions} retractions, "
                f"{s.sim_s:,.1f} s simulated in {s.wall_s:,.1f} s of replay ({s.sim_s_per_wall_s:,.1f}x); "
                f"{total_s:,.1f} s wall in all, start-up included")
+    if s.stopped:
+        click.echo(f"  stopped at its first retraction or abort ({s.aborted} aborted; stop_on_retraction=on): "
+                   "the figures cover the trace up to there")
     click.echo(f"  peak swa {s.peak_swa_used:,}  mean swa {s.mean_swa_used:,.0f}  "
                f"swa slope {s.swa_used_slope_tokens_per_hour:,.0f} tok/h  peak full {s.peak_full_used:,}")
     if s.peak_swa_used_gb is not None or s.peak_full_used_gb is not None:

@@ -60,6 +60,8 @@ FORK_REFUSED = {"tree_core": "the fork's tree is pure Python (no Rust core)",
                 "scheduler": "the fork backend drives the fork's own Scheduler",
                 "decode_coalescing": "the fork backend steps the fork's own loop (coalescing is the reference "
                                      "backend's)",
+                "stop_on_retraction": "the fork backend runs every request (stopping early is the reference "
+                                      "backend's)",
                 "swa_eviction_interval_tokens": "the fork's decode release cadence is the window times "
                                                 "SGLANG_SWA_EVICTION_INTERVAL_MULTIPLIER (use --env)"}
 #: a policy knob's value a code has its own switch for: (knob, value) -> (SGLANG_* name, value); used

@@ -8,7 +8,8 @@ The budget ``kv_gb`` (10^9 bytes) buys ``full_pool_tokens`` F and ``swa_pool_tok
 
 Each split is one replay (the reference backend by default, in parallel: the sweep machinery,
 so a plan is a resumable sweep directory); splits run from the smallest SWA share up, a batch of
-``jobs`` at a time. Feasible splits finish every request with no retraction and no abort; the
+``jobs`` at a time (on the reference backend a split's replay ends at its first retraction or abort,
+which rules it out: ``stop_infeasible``). Feasible splits finish every request with no retraction and no abort; the
 best feasible one for the objective (``hit_ratio``: the highest prefix-hit ratio; ``ttft_p99``:
 the lowest TTFT p99) is recommended, with its server arguments. Early stop: once a feasible
 split reaches 99 % of the attainable hit ratio (the one-pass LRU curve of the full pool at the
@@ -52,6 +53,8 @@ class PlanConfig:
     backend: str = "reference"
     model: str | None = None
     jobs: int = 2
+    #: end a split's replay at its first retraction or abort (reference backend; ``stop_on_retraction``)
+    stop_infeasible: bool = True
 
 
 @dataclasses.dataclass
@@ -95,8 +98,13 @@ def host_tokens(host_gb: float, ratio: float, bytes_per_token: dict, page_size: 
 def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | None = None,
          objective: str = "hit_ratio", ratios=None, policy: str = "recorded", backend: str = "reference",
          model: str | None = None, jobs: int = 2, executor: str = "local", confirm: bool = False,
-         early_stop: bool = True, progress: bool = False) -> PlanResult:
+         early_stop: bool = True, stop_infeasible: bool = True, progress: bool = False) -> PlanResult:
     """Find the best full/SWA split of ``kv_gb`` for ``source`` (see the module docstring).
+
+    ``stop_infeasible`` (reference backend): a split's replay ends at its first retraction or
+    abort (``stop_on_retraction=on``: the replay is the same up to there, so the split is
+    infeasible all the same); its row says ``status: stopped`` with ``stopped_at_s`` and no hit or
+    TTFT figures (they would cover only part of the trace). Off: every split runs to its end.
 
     Raises:
         RunError: a bad budget, objective or ratio; no bytes per token (give ``model``); or what
@@ -127,7 +135,10 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         raise RunError(f"{source}: no bytes per token of the full and SWA pools (the trace records none); "
                        "give --model NAME (kvtrace plan --help lists the presets)")
     page = _page_size(source)
-    cfg = PlanConfig(str(source), float(kv_gb), host_gb, objective, tuple(ratios), policy, backend, model, jobs)
+    stop_infeasible = bool(stop_infeasible) and backend == "reference"
+    cfg = PlanConfig(str(source), float(kv_gb), host_gb, objective, tuple(ratios), policy, backend, model, jobs,
+                     stop_infeasible)
+    sets = ["stop_on_retraction=on"] if stop_infeasible else []
     points = []
     for r in ratios:
         f, s = split(kv_gb, r, bpt, page)
@@ -142,8 +153,8 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
     rows, early = [], False
     for i in range(0, len(points), max(1, jobs)):
         batch = points[i:i + max(1, jobs)]
-        df = sweep(source, out, policies=[policy], points=batch, jobs=jobs, executor=executor, backend=backend,
-                   progress=progress, model=model)
+        df = sweep(source, out, policies=[policy], points=batch, sets=sets, jobs=jobs, executor=executor,
+                   backend=backend, progress=progress, model=model)
         errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
         rows += [_row(out, policy, pt, bpt, errors) for pt in batch]
         best = _best(rows, objective)
@@ -190,6 +201,10 @@ def _row(out: Path, policy: str, pt: dict, bpt: dict, errors: dict | None = None
         return row | {"status": "failed", "feasible": False,
                       "error": (errors or {}).get(str(rel).replace("\\", "/"), "no summary")}
     s = read_summary(run)
+    if s.stopped:  # ended at its first retraction or abort: infeasible; its figures cover a part
+        return row | {"status": "stopped", "stopped": s.stopped, "stopped_at_s": s.sim_s, "finished": s.finished,
+                      "requests": s.requests, "retractions": s.retractions, "aborted": s.aborted,
+                      "peak_swa_used": s.peak_swa_used, "peak_full_used": s.peak_full_used, "feasible": False}
     row |= {"status": "ok", "finished": s.finished, "requests": s.requests, "retractions": s.retractions,
             "aborted": s.aborted, "prefix_hit_ratio": s.prefix_hit_ratio, "host_hit_ratio": s.host_hit_ratio,
             "ttft_p50_ms": s.ttft_p50_ms, "ttft_p99_ms": s.ttft_p99_ms, "peak_swa_used": s.peak_swa_used,

@@ -110,6 +110,10 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     finally:
         if bar:
             bar.close()
+    if getattr(rec.result, "stopped", ""):  # the trace says it ends early on purpose
+        from tracer.schema.manifest import update_manifest
+
+        update_manifest(out, lambda m: m.setdefault("run", {}).update(stopped=rec.result.stopped))
     summary = _summarize(out, rec, run_block)
     if code is not None:
         summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})

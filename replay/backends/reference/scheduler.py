@@ -102,15 +102,25 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
     def run(self) -> RunResult:
         """Step until every request has finished or been aborted (with ``decode_coalescing`` on or auto,
-        quiet decode stretches run in one move: :mod:`replay.backends.reference.coalesce`)."""
+        quiet decode stretches run in one move: :mod:`replay.backends.reference.coalesce`); with
+        ``stop_on_retraction=on``, only until the step that retracts or aborts a request first
+        (``result.stopped``)."""
+        stop = self.settings.stop_on_retraction == "on"
+        res = self.result
         if self.settings.decode_coalescing != "off":  # on, or auto
             stretch, step = self._run_stretch, self.step
             while not self.done:
-                if not stretch():
+                if not stretch():  # a stretch never retracts (it stops before a page shortfall)
                     step()
+                    if stop and (res.num_retractions or res.num_aborted):
+                        break
         else:
             while not self.done:
                 self.step()
+                if stop and (res.num_retractions or res.num_aborted):
+                    break
+        if not self.done:
+            res.stopped = "first_retraction"
         self.model.ack_write_through()  # the last acks, as the real loop's ``close_step``
         self.result.final_occupancy = {k: v.__dict__ for k, v in self.model.snapshot().items()}
         return self.result
