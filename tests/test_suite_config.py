@@ -4,6 +4,7 @@ derandomized profile under CI=true (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,3 +97,48 @@ def test_make_test_runs_each_module_and_each_xdist_group_on_one_worker(tmp_path)
             workers.setdefault(unit, set()).add(parts[0])
     assert set(workers) == {"g1", "test_a.py", "test_b.py", "test_c.py"}, res.stdout
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_make_test_hands_out_the_longest_units_first_and_reports_unit_times(tmp_path):
+    """tests/xdist_groups.py: the queue is ordered by the measured seconds of UNIT_SECONDS (a
+    unit absent there by its number of tests), so each worker starts on one of the two longest
+    units; the run ends with each worker's busy time and the units' seconds (printed, and as JSON
+    with KVTRACE_UNIT_SECONDS_OUT)."""
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        import tests.xdist_groups as g
+        from tests.xdist_groups import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401
+        g.UNIT_SECONDS.clear()
+        g.UNIT_SECONDS.update({"test_c.py": 100.0, "test_b.py": 50.0})
+    """))
+    many = "import time, pytest\n@pytest.mark.parametrize('i', range(12))\ndef test_x(i):\n    time.sleep(0.05)\n"
+    few = "import time, pytest\n@pytest.mark.parametrize('i', range(3))\ndef test_y(i):\n    time.sleep(0.05)\n"
+    for name, text in (("test_a.py", many), ("test_b.py", few), ("test_c.py", few), ("test_d.py", few)):
+        (tmp_path / name).write_text(text)
+    out = tmp_path / "units.json"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2",
+                          "--dist", "loadgroup", "--rootdir", str(tmp_path), str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), KVTRACE_UNIT_SECONDS_OUT=str(out)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    first: dict[str, str] = {}
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in ("[gw0]", "[gw1]") and "PASSED" in parts:
+            first.setdefault(parts[0], parts[-1].split("::")[0])
+    assert sorted(first.values()) == ["test_b.py", "test_c.py"], res.stdout  # not test_a's 12 tests
+    assert "xdist units (tests/xdist_groups.py)" in res.stdout and "gw0: busy" in res.stdout, res.stdout
+    got = json.loads(out.read_text())
+    assert set(got["units"]) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py"}
+    assert got["units"]["test_a.py"] >= 0.55 and got["units"]["test_d.py"] >= 0.14  # 12 and 3 sleeps of 0.05 s
+    assert set(got["workers"]) == {"gw0", "gw1"}
+    assert min(w["idle_tail_s"] for w in got["workers"].values()) == 0
+
+
+def test_unit_order_is_longest_first():
+    from tests.xdist_groups import UNKNOWN_TEST_S, unit_order
+
+    units = {"many.py": 700, "live-x": 4, "few.py": 2, "mid.py": 30}
+    measured = {"live-x": 150.0, "few.py": 40.0}
+    assert UNKNOWN_TEST_S * 700 > 150.0 > 40.0 > UNKNOWN_TEST_S * 30
+    assert unit_order(units, measured) == ["many.py", "live-x", "few.py", "mid.py"]
+    assert unit_order({"a": 1, "b": 1, "c": 2}, {}) == ["c", "a", "b"]  # ties: the given order

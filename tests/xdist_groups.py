@@ -5,22 +5,60 @@ modules): all of its tests run on one worker, so a module fixture (a server, a f
 sweep) is computed once, not once on each worker, and no worker waits idle on
 ``tests/live/live_util.shared_once``'s lock while the other runs the server.
 
-Two hooks, imported by ``tests/conftest.py``:
+Three hooks, imported by ``tests/conftest.py``:
 
 - :func:`pytest_collection_modifyitems` (on a worker) names the group in a grouped test's id,
   ``path::test[param]@group``, as pytest-xdist's own loadgroup does; its line for that sets
   ``item._nodeid``, which pytest >= 9.2 no longer reads (the id is the structured ``item._id``),
   so with pytest 9.2 and xdist 3.8 every ``xdist_group`` mark was silently ignored;
 - :func:`pytest_xdist_make_scheduler` (on the controller) schedules by group, else by module
-  (xdist's loadgroup would send each ungrouped test on its own).
+  (xdist's loadgroup would send each ungrouped test on its own), **longest unit first**: xdist
+  hands units out in order of their number of tests, so the few-test, long units (a live
+  server's module: 4-8 tests behind a 150 s setup; the Hypothesis state machines: 3 tests,
+  200 s) came last and one worker ran them alone while the other had nothing left. Ordered by
+  :data:`UNIT_SECONDS` (measured in CI), the queue ends with short units and the two workers
+  finish close together (longest-processing-time-first);
+- :class:`UnitTimes` (on the controller) prints, at the end of the run, each worker's busy time
+  and idle tail and the longest units, in the form :data:`UNIT_SECONDS` takes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections import OrderedDict, defaultdict
 
 import pytest
+
+# Seconds each unit took in CI (``make test`` on a fresh clone, 2 cores; setup + call + teardown
+# of its tests, as printed by UnitTimes at the end of the run). Only the order matters: units
+# absent here rank by UNKNOWN_TEST_S per test. Source: CI log at cd3f671 (its 25 slowest
+# durations, summed per unit: lower bounds), and single-module runs on the loaded shared machine
+# where noted.
+UNIT_SECONDS: dict[str, float] = {
+    "live-fork": 211.1,
+    "tests/memory/test_model_machine.py": 197.2,
+    "fork-code-replay": 182.6,
+    "live-launch": 160.4,
+    "live-pth": 150.3,
+    "tests/live/test_live_overhead_bench.py": 137.1,
+    "fork-driver": 118.2,
+    "tests/runs/test_sweep.py": 106.2,
+    "tests/runs/test_sweep_zygote.py": 80.0,
+    "fork-dsv4-differential": 74.9,
+    "tests/cli/test_terminal.py": 73.5,
+    "tests/runs/test_signals.py": 57.1,
+    "tests/workloads/test_compact.py": 55.2,
+    "tests/sglang/test_targets_launch.py": 51.7,
+    "tests/claims/test_host_free.py": 47.7,
+    "tests/test_cli.py": 47.1,
+    "tests/differential/test_backends_agree.py": 46.0,
+    "fork-659-claims": 44.7,
+}
+# A unit not in UNIT_SECONDS: this many seconds per test (every test not among CI's 25 slowest
+# took under 35 s; most take well under a second).
+UNKNOWN_TEST_S = 1.0
 
 
 def _loadgroup(config) -> bool:
@@ -33,6 +71,20 @@ def group_of(item) -> str | None:
     """The ``xdist_group`` names of ``item`` joined as xdist joins them, or ``None``."""
     names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
     return "_".join(sorted(names)) or None
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit of a (worker-side) test id: its ``@group``, else its module's path."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        return nodeid.split("@")[-1]
+    return nodeid.split("::", 1)[0]
+
+
+def unit_order(units: dict[str, int], seconds: dict[str, float] | None = None) -> list[str]:
+    """``units`` ({unit: number of tests}) longest first: by the measured seconds of
+    :data:`UNIT_SECONDS`, else ``UNKNOWN_TEST_S`` per test; ties keep the given order."""
+    seconds = UNIT_SECONDS if seconds is None else seconds
+    return sorted(units, key=lambda u: -seconds.get(u, UNKNOWN_TEST_S * units[u]))
 
 
 def _set_nodeid(item, nodeid: str) -> None:
@@ -62,9 +114,70 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadGroupScheduling
 
     class GroupOrModuleScheduling(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.rfind("@") > nodeid.rfind("]"):
-                return nodeid.split("@")[-1]
-            return nodeid.split("::", 1)[0]
+        _ordered = False
 
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the first hand-out: the queue is complete, longest first
+                self._ordered = True
+                order = unit_order({u: len(tests) for u, tests in self.workqueue.items()})
+                self.workqueue = OrderedDict((u, self.workqueue[u]) for u in order)
+            super()._assign_work_unit(node)
+
+    if not config.pluginmanager.has_plugin("kvtrace-unit-times"):
+        config.pluginmanager.register(UnitTimes(config), "kvtrace-unit-times")
     return GroupOrModuleScheduling(config, log)
+
+
+class UnitTimes:
+    """On the xdist controller: each unit's seconds (setup + call + teardown of its tests) and
+    each worker's busy span, printed after the run; ``KVTRACE_UNIT_SECONDS_OUT=path`` also
+    writes them as JSON (``{"units": {unit: s}, "workers": {...}}``)."""
+
+    TOP = 40
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.units: dict[str, float] = defaultdict(float)
+        self.first: dict[str, float] = {}  # worker -> first start, last stop, busy seconds
+        self.last: dict[str, float] = {}
+        self.busy: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        node = getattr(report, "node", None)
+        if node is None:
+            return
+        worker = getattr(getattr(node, "gateway", None), "id", "?")
+        self.units[unit_of(report.nodeid)] += report.duration
+        self.busy[worker] += report.duration
+        start, stop = getattr(report, "start", 0) or 0, getattr(report, "stop", 0) or 0
+        if start and stop:
+            self.first[worker] = min(self.first.get(worker, start), start)
+            self.last[worker] = max(self.last.get(worker, stop), stop)
+
+    def summary(self) -> dict:
+        t0 = min(self.first.values(), default=0.0)
+        end = max(self.last.values(), default=0.0)
+        workers = {w: {"busy_s": round(self.busy[w], 1), "end_s": round(self.last.get(w, t0) - t0, 1),
+                       "idle_tail_s": round(end - self.last.get(w, t0), 1)} for w in sorted(self.busy)}
+        units = {u: round(s, 1) for u, s in sorted(self.units.items(), key=lambda kv: -kv[1])}
+        return {"units": units, "workers": workers}
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.units:
+            return
+        s = self.summary()
+        tr = terminalreporter
+        tr.section("xdist units (tests/xdist_groups.py)")
+        for w, v in s["workers"].items():
+            tr.write_line(f"{w}: busy {v['busy_s']:.1f} s, last test ended at {v['end_s']:.1f} s, "
+                          f"then idle {v['idle_tail_s']:.1f} s")
+        top = dict(list(s["units"].items())[: self.TOP])
+        tr.write_line(f"the {len(top)} longest of {len(s['units'])} units, seconds "
+                      f"(UNIT_SECONDS takes these): {json.dumps(top)}")
+        out = os.environ.get("KVTRACE_UNIT_SECONDS_OUT")
+        if out:
+            with open(out, "w") as f:
+                json.dump(s, f, indent=1)
