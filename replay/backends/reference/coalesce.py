@@ -1,7 +1,8 @@
 """Exact decode-step coalescing of the reference scheduler (issue 26 item 1).
 
-Most steps of an hour of traffic are *quiet* decode steps: no arrival is due, no request
-finishes, no pool runs short enough to evict or retract, no chunked request is pending, and the
+Most steps of an hour of traffic are *quiet* decode steps: no arrival is due (or requests are
+waiting, so an arrival only joins the queue's tail: it is admitted inside the stretch, unless the
+pool cannot hold its prompt and it is aborted), no request finishes, no pool runs short enough to evict or retract, no chunked request is pending, and the
 prefill admission either is not attempted or refuses the head of the waiting queue for the same
 reason as the step before. Such a step changes only counters and the free lists. A *stretch* runs
 consecutive quiet steps in one tight loop that does, per step, only what can still change:
@@ -96,13 +97,15 @@ class CoalesceMixin:
             return None  # a release freed SWA peers of the head's window since its match (EIC)
         return "head"
 
-    def _stretch_limit(self) -> int:
-        """Most quiet steps from now by arrivals and finishes alone (0: none)."""
+    def _stretch_limit(self, arrivals_quiet: bool) -> int:
+        """Most quiet steps from now by arrivals and finishes alone (0: none); with
+        ``arrivals_quiet`` (requests are waiting: an arrival joins the queue's tail and changes no
+        decision) by finishes alone."""
         s = self.settings
         bs = len(self.running)
         step_ns = s.step_fixed_ns + s.step_per_token_ns * bs
         limit = _NEVER
-        if self._next_arrival < len(self._pending):
+        if not arrivals_quiet and self._next_arrival < len(self._pending):
             gap = self._pending[self._next_arrival].arrival_ns - self.clock_ns
             if gap <= 0:
                 return 0
@@ -136,10 +139,17 @@ class CoalesceMixin:
         case = self._admission_case()
         if case is None:
             return 0
-        limit = self._stretch_limit()
+        # with requests waiting, the head's fate (or a full batch) decides the admission: an
+        # arrival joins the tail and changes nothing but the queue (the refresh, which reads the
+        # queue's first 128, ends the stretch), so it is admitted inside the stretch
+        arrivals_quiet = bool(self.waiting)
+        limit = self._stretch_limit(arrivals_quiet)
         if limit <= 0:
             return 0
+        pending = self._pending
+        n_pending = len(pending)
         s, model = self.settings, self.model
+        too_long = s.full_pool_tokens - s.page_size  # ``_admit_arrivals``' abort test
         pools = model.pools
         full, swa = pools.full, (pools.swa if pools.has_swa else None)
         batch = self.running
@@ -184,6 +194,13 @@ class CoalesceMixin:
                 break
             if eic_head and countdown <= 0:
                 break  # an EIC release may free SWA peers of the head's window: its match changes
+            due = self._next_arrival
+            while due < n_pending and pending[due].arrival_ns <= self.clock_ns:
+                if pending[due].input_len >= too_long:
+                    break
+                due += 1
+            if due < n_pending and pending[due].arrival_ns <= self.clock_ns:
+                break  # an arrival the pool cannot hold is aborted: the normal path runs it
             if head is not None:
                 if refresh % _REFRESH_INTERVAL == 0:
                     break  # the waiting-queue prefix refresh walks at this admission
@@ -204,6 +221,8 @@ class CoalesceMixin:
             clock = self.clock_ns
             if begin is not None:
                 begin(clock)
+            if due > self._next_arrival:
+                self._admit_arrivals()
             if has_swa:
                 self.batch_is_full = False  # ``_new_prefill_batch`` resets it for SWA models
             if head is not None:
