@@ -29,7 +29,9 @@ from replay.models import PRESETS
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--confirm", is_flag=True,
               help="Re-run the winner and its two neighbours on the real sglang backend (~8x real time here).")
-@click.option("--no-early-stop", is_flag=True, help="Replay every ratio (no stop at 99 % of the attainable hit ratio).")
+@click.option("--no-early-stop", is_flag=True,
+              help="Replay every ratio (no stop at 99 % of the attainable hit ratio, nor once the splits past "
+                   "the best have done worse twice in a row).")
 @click.option("--run-infeasible", is_flag=True,
               help="Replay an infeasible split to its end (default: its replay ends at its first retraction or "
                    "abort, which already rules it out; reference backend).")
@@ -44,7 +46,8 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
     Each swa_full_tokens_ratio gives the full and SWA pool sizes the budget buys; each split is
     replayed (reference backend, in parallel, resumable); the best split that finishes every
     request without retractions or aborts is recommended with its server arguments. Stops
-    early once a split reaches 99 % of the attainable hit ratio (docs/capacity.md). Exit 1 when
+    early once a split reaches 99 % of the attainable hit ratio, or once the two splits past the
+    best each did worse than the one before (docs/capacity.md). Exit 1 when
     no split is feasible at the budget.
     """
     from replay.record import signals_as_interrupts
@@ -68,6 +71,10 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
             click.echo(line)
     if res.best is None:  # nothing to recommend: a script must not take the plan for an answer
         raise SystemExit(1)
+
+
+_WHY = {"attainable": "a split reached 99 % of the attainable hit ratio",
+        "declining": "the splits past the best each did worse", "": "99 % of the attainable hit ratio"}
 
 
 def plan_lines(res) -> list[str]:
@@ -96,7 +103,8 @@ def plan_lines(res) -> list[str]:
                    f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f} {r['prefix_hit_ratio']:>6.3f} "
                    f"{r['ttft_p99_ms']:>9.1f} {r['retractions']:>7} {r['aborted']:>7} {r['peak_swa_used']:>9,} {mark}")
     out.append("* recommended" + (" (the real backend's view: confirm)" if res.reference_best else "") + (f", r recorded ({res.recorded_ratio:g})" if res.recorded_ratio is not None else "")
-               + ("; stopped early (99 % of the attainable hit ratio)" if res.early_stopped else ""))
+               + (f"; stopped early ({_WHY.get(res.early_stop_reason, res.early_stop_reason)})"
+                  if res.early_stopped else ""))
     if res.best:
         out.append("server arguments: " + " ".join(res.server_args))
     for c_ in res.confirm:

@@ -14,7 +14,9 @@ best feasible one for the objective (``hit_ratio``: the highest prefix-hit ratio
 the lowest TTFT p99) is recommended, with its server arguments. Early stop: once a feasible
 split reaches 99 % of the attainable hit ratio (the one-pass LRU curve of the full pool at the
 workload's footprint, :func:`replay.analysis.capacity.capacity_curve`: no split can beat it),
-the larger SWA shares are not run. ``confirm`` re-runs the winner and its two neighbours on the
+the larger SWA shares are not run; nor once the ``DECLINE_STEPS`` splits past the best each did worse
+than the one before (an infeasible one counts as worse: the curve has turned down, a heuristic that
+assumes the curve does not rise again past there). ``confirm`` re-runs the winner and its two neighbours on the
 real sglang backend and says whether the reference's figures hold (hit ratio within 0.01, peak
 SWA within 2 %); where they part, the plan trusts the real backend: the notes say where and by how
 much, and the recommendation (``best``, the server arguments) becomes the real backend's best
@@ -36,6 +38,9 @@ DEFAULT_RATIOS = (0.02, 0.05, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.
 OBJECTIVES = ("hit_ratio", "ttft_p99")
 #: a feasible split at this share of the attainable hit ratio ends the search
 EARLY_STOP_SHARE = 0.99
+#: the search also ends once this many splits past the best (larger SWA shares) each did worse than
+#: the one before (an infeasible one counts as worse): the curve has turned down
+DECLINE_STEPS = 2
 #: agreement of ``confirm``: |hit ratio difference| and relative peak SWA difference
 HIT_TOLERANCE, PEAK_SWA_TOLERANCE = 0.01, 0.02
 
@@ -75,6 +80,9 @@ class PlanResult:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: the reference's recommendation when ``confirm`` replaced it by the real backend's view
     reference_best: dict | None = None
+    #: why the search ended early: ``attainable`` (a split reached 99 % of the attainable hit ratio),
+    #: ``declining`` (the splits past the best each did worse), "" (it did not)
+    early_stop_reason: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -150,7 +158,7 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         attainable = float(capacity_curve(source).at(max(p["full_pool_tokens"] for p in points)))
     except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop
         attainable = 1.0
-    rows, early = [], False
+    rows, early, why = [], False, ""
     for i in range(0, len(points), max(1, jobs)):
         batch = points[i:i + max(1, jobs)]
         df = sweep(source, out, policies=[policy], points=batch, sets=sets, jobs=jobs, executor=executor,
@@ -158,10 +166,13 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
         rows += [_row(out, policy, pt, bpt, errors) for pt in batch]
         best = _best(rows, objective)
-        if early_stop and best is not None and best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * attainable \
-                and i + len(batch) < len(points):
-            early = True
-            break
+        if early_stop and best is not None and i + len(batch) < len(points):
+            if best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * attainable:
+                early, why = True, "attainable"
+            elif _declined(rows, best, objective):
+                early, why = True, "declining"
+            if early:
+                break
     best = _best(rows, objective)
     recorded = _recorded_ratio(source)
     notes = []
@@ -169,7 +180,7 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         notes.append("no split finished every request without retractions or aborts at this budget: "
                      "raise --kv-gb")
     res = PlanResult(cfg, bpt, round(attainable, 6), rows, best, recorded, early,
-                     server_args(best, host_gb) if best else [], notes=notes)
+                     server_args(best, host_gb) if best else [], notes=notes, early_stop_reason=why)
     if confirm and best is not None:
         res.confirm, real_rows = _confirm(source, out, res, policy, jobs, model)
         _trust_real(res, real_rows, objective, host_gb)
@@ -211,6 +222,25 @@ def _row(out: Path, policy: str, pt: dict, bpt: dict, errors: dict | None = None
             "mean_swa_used": s.mean_swa_used, "peak_full_used": s.peak_full_used}
     row["feasible"] = s.finished == s.requests and s.retractions == 0 and s.aborted == 0
     return row
+
+
+def _declined(rows: list[dict], best: dict, objective: str) -> bool:
+    """Whether the ``DECLINE_STEPS`` splits right after ``best`` (rows in ratio order) each did
+    worse for ``objective`` than the split before them (an infeasible split counts as worse)."""
+    i = next(k for k, r in enumerate(rows) if r is best)
+    after = rows[i + 1:i + 1 + DECLINE_STEPS]
+    if len(after) < DECLINE_STEPS:
+        return False
+    prev = best  # the last feasible split: each feasible one after it must do worse
+    for r in after:
+        if not r.get("feasible"):
+            continue
+        worse = (r["prefix_hit_ratio"] < prev["prefix_hit_ratio"] if objective == "hit_ratio"
+                 else r["ttft_p99_ms"] > prev["ttft_p99_ms"])
+        if not worse:
+            return False
+        prev = r
+    return True
 
 
 def _best(rows: list[dict], objective: str) -> dict | None:

@@ -85,3 +85,46 @@ def test_the_real_backend_refuses_to_stop_early(long_outputs, tmp_path):
 
     with pytest.raises(RunError, match="stop_on_retraction=on cannot be expressed by the sglang backend"):
         replay_run(long_outputs, tmp_path / "r", sets=["stop_on_retraction=on"], backend="sglang")
+
+
+def _r(ratio, hit=None, ttft=None):
+    if hit is None:
+        return {"swa_full_tokens_ratio": ratio, "status": "stopped", "feasible": False}
+    return {"swa_full_tokens_ratio": ratio, "status": "ok", "feasible": True, "prefix_hit_ratio": hit,
+            "ttft_p99_ms": ttft if ttft is not None else 1000 - 1000 * hit}
+
+
+@pytest.mark.parametrize("hits, declined", [
+    ([None, 0.077, 0.121, 0.117, 0.109], True),  # production_1h at 4 GB: down twice past the best
+    ([None, 0.077, 0.121, 0.117], False),  # once is not yet a trend
+    ([0.077, 0.121, 0.117, 0.119], False),  # down, then up again: go on
+    ([0.121, 0.121, 0.110, 0.100], False),  # a tie past the best is not worse
+    ([0.077, 0.121, None, None], True),  # past the best only infeasible splits (the full pool too small)
+    ([0.077, 0.121, 0.110, None], True),
+    ([0.121, 0.110, 0.100, 0.130], False),  # the best is the last: nothing past it
+])
+def test_the_search_stops_once_the_curve_has_turned_down(hits, declined):
+    from replay.runs.plan import _best, _declined
+
+    rows = [_r(0.02 * (k + 1), h) for k, h in enumerate(hits)]
+    best = _best(rows, "hit_ratio")
+    assert _declined(rows, best, "hit_ratio") == declined
+    # the TTFT objective reads its own figure: here TTFT falls as hits rise
+    assert _declined(rows, _best(rows, "ttft_p99"), "ttft_p99") == declined
+
+
+def test_a_plan_stops_on_a_declining_curve(long_outputs, tmp_path, monkeypatch):
+    import replay.runs.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "EARLY_STOP_SHARE", 2.0)  # never by the attainable ratio here
+    ratios = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0)
+    res = plan(long_outputs, tmp_path / "d", kv_gb=0.25, model="mellum-like-swa", ratios=ratios, jobs=1)
+    # golden: 0.1-0.3 retract, 0.4 serves all (hit 0.371875), 0.5 and 0.75 retract: stop before 1.0
+    assert res.early_stopped and res.early_stop_reason == "declining"
+    assert [r["status"] for r in res.rows] == ["stopped"] * 3 + ["ok"] + ["stopped"] * 2
+    assert res.best["swa_full_tokens_ratio"] == 0.4 and res.best["prefix_hit_ratio"] == 0.371875
+    full = plan(long_outputs, tmp_path / "f", kv_gb=0.25, model="mellum-like-swa", ratios=ratios, jobs=1,
+                early_stop=False)
+    # the split it did not run is feasible (feasibility is not monotone in the ratio) but worse
+    assert full.rows[-1]["feasible"] and full.rows[-1]["prefix_hit_ratio"] == 0.06875
+    assert full.best["swa_full_tokens_ratio"] == 0.4
