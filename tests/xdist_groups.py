@@ -33,27 +33,32 @@ import pytest
 
 # Seconds each unit took in CI (``make test`` on a fresh clone, 2 cores; setup + call + teardown
 # of its tests, as printed by UnitTimes at the end of the run). Only the order matters: units
-# absent here rank by UNKNOWN_TEST_S per test. Source: CI log at cd3f671 (its 25 slowest
-# durations, summed per unit: lower bounds), and single-module runs on the loaded shared machine
-# where noted.
+# absent here rank by UNKNOWN_TEST_S per test. Sources: the CI log at cd3f671 (its 25 slowest
+# durations summed per unit: lower bounds) and, marked "alone", the module run by itself
+# (pytest -q, one process) on the shared 2-core machine at a load of 3-4 (about CI's contention).
 UNIT_SECONDS: dict[str, float] = {
     "live-fork": 211.1,
     "tests/memory/test_model_machine.py": 197.2,
     "fork-code-replay": 182.6,
+    "tests/reference/test_fast_paths_exact.py": 164.6,  # alone (CI at cd3f671 ran 3 cases fewer)
     "live-launch": 160.4,
     "live-pth": 150.3,
     "tests/live/test_live_overhead_bench.py": 137.1,
     "fork-driver": 118.2,
+    "tests/workloads/test_generate_extremes.py": 118.4,  # alone
+    "fork-capture-scheduler": 117.9,  # alone
     "tests/runs/test_sweep.py": 106.2,
+    "tests/sglang/test_scheduler_agreement.py": 97.7,  # alone
     "tests/runs/test_sweep_zygote.py": 80.0,
     "fork-dsv4-differential": 74.9,
     "tests/cli/test_terminal.py": 73.5,
+    "tests/differential/test_backends_agree.py": 64.1,  # alone
     "tests/runs/test_signals.py": 57.1,
     "tests/workloads/test_compact.py": 55.2,
     "tests/sglang/test_targets_launch.py": 51.7,
+    "fork-dsv4-replay": 50.3,  # alone
     "tests/claims/test_host_free.py": 47.7,
     "tests/test_cli.py": 47.1,
-    "tests/differential/test_backends_agree.py": 46.0,
     "fork-659-claims": 44.7,
 }
 # A unit not in UNIT_SECONDS: this many seconds per test (every test not among CI's 25 slowest
