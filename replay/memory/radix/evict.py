@@ -118,6 +118,7 @@ class EvictMixin:
         parent = node.parent
         del parent.children[node.key[0]]
         self.version += 1
+        node.mod = self.version  # detached: a walk through it reads the parent's entry no more
         self._update_leaf_sets(parent)
         self._delete_dead_ancestors(parent, res)
 
@@ -134,6 +135,7 @@ class EvictMixin:
             self._release_node(cur, res)
             del parent.children[cur.key[0]]
             self.version += 1
+            cur.mod = self.version  # detached
             self._update_leaf_sets(parent)
             cur = parent
 
@@ -218,5 +220,6 @@ class EvictMixin:
         self._release_node(node, res)
         del parent.children[node.key[0]]
         self.version += 1
+        node.mod = self.version  # detached: a walk through it reads the parent's entry no more
         self._update_leaf_sets(parent)
         self._delete_dead_ancestors(parent, res)

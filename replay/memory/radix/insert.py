@@ -164,6 +164,7 @@ class InsertMixin:
             old = node.full
             node.full = incoming
             self.version += 1
+            node.mod = self.version
             self._defer_full(old)
             swa = self.pools.translate(incoming)
         self._set_swa(node, swa)

@@ -34,7 +34,8 @@ class IntegrityMixin:
     def check_integrity(self) -> TreeCensus:
         """Recompute ledgers, leaf sets, LRU membership and structure from a full walk.
 
-        Checks: parent/child links and keys; value lengths; locks >= 0 and FULL locks nested;
+        Checks: parent/child links and keys; value lengths; walk stamps (``mod``) not ahead of
+        the version; locks >= 0 and FULL locks nested;
         device FULL top-connected; no dead nodes; SWA only with FULL; evictable/protected
         ledgers; device/host leaf sets; SWA LRU lists; full→SWA mapping of every node; no page
         owned twice inside the tree.
@@ -81,6 +82,8 @@ class IntegrityMixin:
                 host_leaves.add(node)
         if self.root.dev_children != sum(1 for c in self.root.children.values() if c.full is not None):
             _fail("root device-children count drifted")
+        if self.root.mod > self.version:
+            _fail("the root's walk stamp is ahead of the tree version")
         if nodes != self.num_nodes:
             _fail(f"node count {self.num_nodes} != walked {nodes}")
         for name, got, want in (
@@ -143,6 +146,8 @@ class IntegrityMixin:
                 _fail(f"{node}: {attr} has {len(value)} pages for a {k}-page key")
         if node.dev_children != sum(1 for c in node.children.values() if c.full is not None):
             _fail(f"{node}: device-children count drifted")
+        if node.mod > self.version:
+            _fail(f"{node}: walk stamp {node.mod} is ahead of the tree version {self.version}")
         if node.full_lock < 0 or node.swa_lock < 0:
             _fail(f"{node}: negative lock count")
         if sum(c.full_lock for c in node.children.values()) > node.full_lock:

@@ -17,12 +17,20 @@ class GrowingKeys(list):
     changed in place (a split gives both halves new lists), so the same pair is not compared
     again (a waiting request is matched on every step and by every prefix refresh).
 
-    ``walks`` (pages matched -> (tree, tree version, walk result)) remembers the last walk of
-    each length: a walk reads only the tree's structure (children, keys, which components a
-    node holds, its FULL value lists), every change to which bumps ``RadixTree.version``, so a
-    walk at an unchanged version returns the same result and is not repeated (a waiting request
-    refused step after step walks an unchanged tree). The walk's effects (SWA LRU refresh,
-    recency stamps) are applied on every match all the same.
+    ``walks`` (pages matched -> [tree, version, walk result, nodes read, end node, end page
+    offset]) remembers the last walk of each length. A walk reads, of each node it reaches
+    through its parent's children entry for the next page (every node on its path, and the
+    child it stopped at for holding no FULL on either tier), the key, which components it
+    holds and its FULL value list; and, where it stopped for want of a child, the end node's
+    (missing) entry for the next page. Every change to a node's own state bumps
+    ``RadixTree.version`` and stamps the node with it (``Node.mod``: a split stamps both
+    halves, a node removed from its parent's children is stamped), so an entry a walk
+    followed cannot change unstamped either; a missing entry is looked up again. So while no
+    node on the path has a later ``mod`` than the memo's version and the end node still has no
+    child for that page, the walk would return the same result and is not repeated (a waiting
+    request refused step after step, or refreshed by the waiting queue's prefix walk, while
+    the tree changes elsewhere). A walk that split a node is not remembered. The walk's
+    effects (SWA LRU refresh, recency stamps) are applied on every match all the same.
     """
 
     __slots__ = ("verified", "walks")
@@ -36,8 +44,11 @@ class GrowingKeys(list):
 class MatchMixin:
     """Match half of ``RadixTree``."""
 
-    #: reuse a walk of an unchanged tree (``GrowingKeys.walks``); off only to test that it is exact
+    #: reuse a walk whose nodes are unchanged (``GrowingKeys.walks``); off only to test that it
+    #: is exact
     walk_memo = True
+    #: walks answered from the memo (a count for tests and profiles)
+    walk_memo_hits = 0
 
     def refresh_swa_lru(self, node) -> None:
         """Move live-SWA nodes at and above ``node`` to MRU.
@@ -95,18 +106,32 @@ class MatchMixin:
     def _match_walk(self, key: list[int], limit: int | None = None) -> tuple:
         """The walk of ``match``: (FULL values, best node, best device node, device chunks,
         FULL-hit pages). Mutates: splits."""
-        ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
-        node, off, n = self.root, 0, len(key)
+        n = len(key)
         if limit is not None and limit < n:
             n = max(0, limit)
         verified = version = None
         if type(key) is GrowingKeys:
             verified = key.verified
             if self.walk_memo:
-                memo = key.walks.get(n)
-                if memo is not None and memo[0] is self and memo[1] == self.version:
-                    return memo[2]
                 version = self.version
+                memo = key.walks.get(n)
+                if memo is not None and memo[0] is self:
+                    taken = memo[1]
+                    if taken != version:
+                        end = memo[4]
+                        if end is None or end.children.get(key[memo[5]]) is None:
+                            for x in memo[3]:
+                                if x.mod > taken:
+                                    break
+                            else:
+                                memo[1] = taken = version  # valid now: checked from here on
+                    if taken == version:
+                        self.walk_memo_hits += 1
+                        return memo[2]
+        ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
+        node, off = self.root, 0
+        path = []  # the nodes whose own state the walk reads
+        end = None  # the node under which it found no child for the next page
         values: list[list[int]] = []
         best = best_dev = self.root
         best_dev_chunks = 0
@@ -114,7 +139,11 @@ class MatchMixin:
         run_any = run_dev = math.inf
         while off < n:
             child = node.children.get(key[off])
-            if child is None or (child.full is None and child.full_host is None):
+            if child is None:
+                end = node
+                break
+            path.append(child)
+            if child.full is None and child.full_host is None:
                 break
             ck = child.key
             m = len(ck)
@@ -169,7 +198,7 @@ class MatchMixin:
                 break
         result = values, best, best_dev, best_dev_chunks, full_hit_pages
         if version is not None and self.version == version:  # no split: the walk is a pure read
-            key.walks[n] = (self, version, result)
+            key.walks[n] = [self, version, result, path, end, off]
         return result
 
     def _finish_match(self, values, best, best_dev, best_dev_chunks, full_hit_pages) -> MatchResult:

@@ -15,12 +15,13 @@ class Node:
     key page: ``full`` / ``swa`` on device, ``full_host`` / ``swa_host`` on the host pools;
     None means the component is absent on that tier. A node with ``full`` but no ``swa`` is an
     SWA tombstone. ``last_access`` and ``creation_time`` come from the tree's logical clock.
+    ``mod`` stamps the last change a match walk would see (``RadixTree.version``).
     """
 
     __slots__ = (
         "id", "parent", "children", "key", "full", "swa", "full_host", "swa_host",
         "full_lock", "swa_lock", "swa_uuid", "last_access", "creation_time", "hit_count",
-        "priority", "lru_prev", "lru_next", "heap_ver", "dev_children", "wt_pending",
+        "priority", "lru_prev", "lru_next", "heap_ver", "dev_children", "wt_pending", "mod",
     )
 
     def __init__(self, node_id: int, key: list[int], parent: Node | None, now: float):
@@ -44,6 +45,10 @@ class Node:
         self.heap_ver = [0, 0]  # entry versions in the device / host leaf heaps
         self.dev_children = 0  # children with device FULL (O(1) device-leaf test)
         self.wt_pending: int | None = None  # ack id of a write-through not yet acknowledged
+        # ``RadixTree.version`` of the last change to what a match walk reads of this node (its
+        # key, which components it holds, its FULL list) or of its removal from the tree: a
+        # walk memo that read the node is valid while this is at most the memo's version
+        self.mod = 0
 
     @property
     def num_pages(self) -> int:

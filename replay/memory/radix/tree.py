@@ -74,8 +74,11 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self.load_back_evicted: list = []  # the EvictResults of the last load_back's device room
         self.clock = 0.0
         # bumped by every change a match walk reads (children, keys, which components a node
-        # holds, a node's FULL value list): a walk memo (``GrowingKeys.walks``) is valid while
-        # the version it was taken at is current
+        # holds, a node's FULL value list); each such change but a new leaf also stamps the
+        # node it changed with the new value (``Node.mod``: the node whose key or values
+        # changed, or that left its parent's children), so a walk memo (``GrowingKeys.walks``)
+        # is valid while no node the walk read has a later stamp and the node it stopped under
+        # for want of a child still has none for that page
         self.version = 0
         self._next_node_id = 0
         self._next_uuid = 0
@@ -116,6 +119,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _set_full(self, node: Node, pages: list[int]) -> None:
         self.version += 1
+        node.mod = self.version
         node.full = pages
         node.parent.dev_children += 1
         n = len(pages) * self.ps
@@ -126,6 +130,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _take_full(self, node: Node) -> list[int]:
         self.version += 1
+        node.mod = self.version
         pages, node.full = node.full, None
         node.parent.dev_children -= 1
         n = len(pages) * self.ps
@@ -137,6 +142,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _set_swa(self, node: Node, pages: list[int]) -> None:
         self.version += 1
+        node.mod = self.version
         node.swa = pages
         n = len(pages) * self.ps
         if node.swa_lock > 0:
@@ -149,6 +155,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _take_swa(self, node: Node, to_host_lru: bool = True) -> list[int]:
         self.version += 1
+        node.mod = self.version
         pages, node.swa = node.swa, None
         n = len(pages) * self.ps
         if node.swa_lock > 0:
@@ -162,17 +169,20 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _set_full_host(self, node: Node, pages: list[int]) -> None:
         self.version += 1
+        node.mod = self.version
         node.full_host = pages
         self.host_full_tokens += len(pages) * self.ps
 
     def _take_full_host(self, node: Node) -> list[int]:
         self.version += 1
+        node.mod = self.version
         pages, node.full_host = node.full_host, None
         self.host_full_tokens -= len(pages) * self.ps
         return pages
 
     def _set_swa_host(self, node: Node, pages: list[int]) -> None:
         self.version += 1
+        node.mod = self.version
         node.swa_host = pages
         self.host_swa_tokens += len(pages) * self.ps
         if node.swa is None:
@@ -180,6 +190,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _take_swa_host(self, node: Node) -> list[int]:
         self.version += 1
+        node.mod = self.version
         pages, node.swa_host = node.swa_host, None
         self.host_swa_tokens -= len(pages) * self.ps
         if node in self.swa_host_lru:
@@ -300,6 +311,9 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         new.children = {child.key[0]: child}
         child.parent = new
         parent.children[new.key[0]] = new
+        # walk-visible changes: the child's key and values, the new node (the parent's entry
+        # for the first page now leads to ``new``: a walk that took it read ``child``)
+        child.mod = new.mod = self.version
         if new.swa is not None:
             self.swa_lru.insert_after(child, new)
         elif new.swa_host is not None:
@@ -319,6 +333,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         node = self._new_node(key, parent)
         node.priority = priority
         parent.children[key[0]] = node
+        # no stamp: a walk memo that found no child here looks the entry up again
         self._set_full(node, pages)
         self.num_nodes += 1
         self._update_leaf_sets(node)
