@@ -36,11 +36,15 @@ _register_hypothesis_profiles()
 # A code's process (``replay.codes.call_in_code``) spends 20-45 s importing its sglang: the suite
 # hands the calls of each xdist worker to warm parents that import once and fork a child per call
 # (``replay.codes.warm``; tests/codes/test_warm.py checks a warm call is a cold one). A test that
-# sets KVTRACE_CODE_WARM=0 runs its calls cold.
+# sets KVTRACE_CODE_WARM=0 runs its calls cold. A worker keeps 4 parents (~0.6 GB each), not 2:
+# the fork's tests call each commit both bare and with a run's SGLANG_* environment (4 keys);
+# with 2 kept they evicted each other (the fork units' calls in one process: 11 imports with 2
+# parents, 7 with 4). tests/xdist_groups.py puts those units on one worker (MERGED).
 def _warm_code_processes() -> None:
     import os
 
     os.environ.setdefault("KVTRACE_CODE_WARM", "1")
+    os.environ.setdefault("KVTRACE_CODE_WARM_MAX", "4")
 
 
 _warm_code_processes()

@@ -142,3 +142,26 @@ def test_unit_order_is_longest_first():
     assert UNKNOWN_TEST_S * 700 > 150.0 > 40.0 > UNKNOWN_TEST_S * 30
     assert unit_order(units, measured) == ["many.py", "live-x", "few.py", "mid.py"]
     assert unit_order({"a": 1, "b": 1, "c": 2}, {}) == ["c", "a", "b"]  # ties: the given order
+    # a merged unit: the sum of its members' seconds
+    assert unit_order({"m": 9, "x.py": 5}, {"a.py": 50.0, "b.py": 20.0, "x.py": 60.0},
+                      {"a.py": "m", "b.py": "m"}) == ["m", "x.py"]
+
+
+def test_the_fork_code_units_are_scheduled_as_one():
+    """The units whose tests call the fork's codes in the worker go to one worker (its warm code
+    processes are imported once), and stay distinct units in the report."""
+    from tests.xdist_groups import MERGED, scheduled_unit, unit_of
+
+    one = {scheduled_unit(n) for n in ("tests/fork/test_fork_env.py::test_a",
+                                       "tests/claims/test_fork_659.py::test_b[x]@fork-659-claims",
+                                       "tests/codes/test_warm.py::test_c@fork-driver")}
+    assert one == {"fork-warm"}
+    assert unit_of("tests/codes/test_warm.py::test_c@fork-driver") == "fork-driver"
+    assert scheduled_unit("tests/live/test_live_fork.py::test_d[pth]@live-fork") == "live-fork"
+    assert "live-fork" not in MERGED  # servers: their own processes, no warm parent
+    from tests.xdist_groups import merged_tests
+
+    ids = ["tests/codes/test_warm.py::test_c@fork-driver", "tests/codes/test_warm.py::test_d@fork-driver",
+           "tests/fork/test_fork_env.py::test_a", "tests/fork/test_fork_env.py::test_b"]
+    got = list(merged_tests(dict.fromkeys(ids, False)))
+    assert got == ids[2:] + ids[:2]  # MERGED's order, each module whole and as collected

@@ -17,7 +17,8 @@ Three hooks, imported by ``tests/conftest.py``:
   server's module: 4-8 tests behind a 150 s setup; the Hypothesis state machines: 3 tests,
   200 s) came last and one worker ran them alone while the other had nothing left. Ordered by
   :data:`UNIT_SECONDS` (measured in CI), the queue ends with short units and the two workers
-  finish close together (longest-processing-time-first);
+  finish close together (longest-processing-time-first). The units of :data:`MERGED` go as one
+  (the fork's warm code processes are per worker: one worker imports each fork code once);
 - :class:`UnitTimes` (on the controller) prints, at the end of the run, each worker's busy time
   and idle tail and the longest units, in the form :data:`UNIT_SECONDS` takes.
 """
@@ -61,6 +62,19 @@ UNIT_SECONDS: dict[str, float] = {
     "tests/test_cli.py": 47.1,
     "fork-659-claims": 44.7,
 }
+# Units scheduled as one (on one worker, one after the other, in this order): the units whose
+# tests call into the DeepSeek-V4 fork's codes in the worker's own process. Those calls go to
+# warm parents kept per worker process (replay.codes.warm: one per code and SGLANG_*/KVTRACE_*
+# environment, 20-45 s of imports each); split over both workers, each worker imported the same
+# codes again. Counted on the sequence of these units' calls (all of them run in one process,
+# 2026-12-02; parents kept as in replay.codes.warm, least recently used out): 18 parent starts
+# if each unit starts with none, 11 in one process keeping 2, 7 keeping 4 (each commit is
+# called bare and with a run's SGLANG_* environment: 4 keys; tests/conftest.py keeps 4) in this
+# order, where fork-driver's one-off environments (tests/codes/test_warm.py) come last.
+MERGED: dict[str, str] = {u: "fork-warm" for u in (
+    "fork-capture-scheduler", "fork-dsv4-replay", "fork-dsv4-differential", "fork-659-claims",
+    "tests/fork/test_fork_capture_pools.py", "tests/fork/test_fork_kv_bytes.py",
+    "tests/fork/test_fork_env.py", "fork-driver")}
 # A unit not in UNIT_SECONDS: this many seconds per test (every test not among CI's 25 slowest
 # took under 35 s; most take well under a second).
 UNKNOWN_TEST_S = 1.0
@@ -85,11 +99,38 @@ def unit_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def unit_order(units: dict[str, int], seconds: dict[str, float] | None = None) -> list[str]:
+def scheduled_unit(nodeid: str) -> str:
+    """The unit the scheduler hands out: :func:`unit_of`, or the unit :data:`MERGED` joins it to."""
+    unit = unit_of(nodeid)
+    return MERGED.get(unit, unit)
+
+
+def merged_tests(tests: dict[str, bool]) -> dict[str, bool]:
+    """A scheduled unit's tests ({nodeid: done}), those of :data:`MERGED` members in its order
+    (each member's tests as collected: a module stays contiguous, its fixtures set up once)."""
+    rank = {u: i for i, u in enumerate(MERGED)}
+    ids = sorted(enumerate(tests), key=lambda it: (rank.get(unit_of(it[1]), -1), it[0]))
+    return {nodeid: tests[nodeid] for _, nodeid in ids}
+
+
+def unit_order(units: dict[str, int], seconds: dict[str, float] | None = None,
+               merged: dict[str, str] | None = None) -> list[str]:
     """``units`` ({unit: number of tests}) longest first: by the measured seconds of
-    :data:`UNIT_SECONDS`, else ``UNKNOWN_TEST_S`` per test; ties keep the given order."""
+    :data:`UNIT_SECONDS` (a :data:`MERGED` unit: the sum over its members), else
+    ``UNKNOWN_TEST_S`` per test; ties keep the given order."""
     seconds = UNIT_SECONDS if seconds is None else seconds
-    return sorted(units, key=lambda u: -seconds.get(u, UNKNOWN_TEST_S * units[u]))
+    merged = MERGED if merged is None else merged
+    members: dict[str, list[str]] = defaultdict(list)
+    for m, u in merged.items():
+        members[u].append(m)
+
+    def estimate(u: str) -> float:
+        if u in seconds:
+            return seconds[u]
+        known = [seconds[m] for m in members.get(u, ()) if m in seconds]
+        return sum(known) if known else UNKNOWN_TEST_S * units[u]
+
+    return sorted(units, key=lambda u: -estimate(u))
 
 
 def _set_nodeid(item, nodeid: str) -> None:
@@ -122,13 +163,13 @@ def pytest_xdist_make_scheduler(config, log):
         _ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
-            return unit_of(nodeid)
+            return scheduled_unit(nodeid)
 
         def _assign_work_unit(self, node) -> None:
             if not self._ordered:  # the first hand-out: the queue is complete, longest first
                 self._ordered = True
                 order = unit_order({u: len(tests) for u, tests in self.workqueue.items()})
-                self.workqueue = OrderedDict((u, self.workqueue[u]) for u in order)
+                self.workqueue = OrderedDict((u, merged_tests(self.workqueue[u])) for u in order)
             super()._assign_work_unit(node)
 
     if not config.pluginmanager.has_plugin("kvtrace-unit-times"):
