@@ -131,6 +131,7 @@ def test_make_test_hands_out_the_longest_units_first_and_reports_unit_times(tmp_
     assert set(got["units"]) == {"test_a.py", "test_b.py", "test_c.py", "test_d.py"}
     assert got["units"]["test_a.py"] >= 0.55 and got["units"]["test_d.py"] >= 0.14  # 12 and 3 sleeps of 0.05 s
     assert set(got["workers"]) == {"gw0", "gw1"}
+    assert set(got["spans"]) == set(got["units"]) and {x["worker"] for x in got["spans"].values()} == {"gw0", "gw1"}
     assert min(w["idle_tail_s"] for w in got["workers"].values()) == 0
 
 

@@ -180,7 +180,8 @@ def pytest_xdist_make_scheduler(config, log):
 class UnitTimes:
     """On the xdist controller: each unit's seconds (setup + call + teardown of its tests) and
     each worker's busy span, printed after the run; ``KVTRACE_UNIT_SECONDS_OUT=path`` also
-    writes them as JSON (``{"units": {unit: s}, "workers": {...}}``)."""
+    writes them as JSON (``{"units": {unit: s}, "workers": {...}, "spans": {unit: {worker,
+    start_s, end_s}}}``)."""
 
     TOP = 40
 
@@ -190,6 +191,7 @@ class UnitTimes:
         self.first: dict[str, float] = {}  # worker -> first start, last stop, busy seconds
         self.last: dict[str, float] = {}
         self.busy: dict[str, float] = defaultdict(float)
+        self.spans: dict[str, list] = {}  # unit -> [worker, first start, last stop]
 
     def pytest_runtest_logreport(self, report) -> None:
         node = getattr(report, "node", None)
@@ -202,6 +204,8 @@ class UnitTimes:
         if start and stop:
             self.first[worker] = min(self.first.get(worker, start), start)
             self.last[worker] = max(self.last.get(worker, stop), stop)
+            span = self.spans.setdefault(unit_of(report.nodeid), [worker, start, stop])
+            span[1], span[2] = min(span[1], start), max(span[2], stop)
 
     def summary(self) -> dict:
         t0 = min(self.first.values(), default=0.0)
@@ -209,7 +213,9 @@ class UnitTimes:
         workers = {w: {"busy_s": round(self.busy[w], 1), "end_s": round(self.last.get(w, t0) - t0, 1),
                        "idle_tail_s": round(end - self.last.get(w, t0), 1)} for w in sorted(self.busy)}
         units = {u: round(s, 1) for u, s in sorted(self.units.items(), key=lambda kv: -kv[1])}
-        return {"units": units, "workers": workers}
+        spans = {u: {"worker": w, "start_s": round(a - t0, 1), "end_s": round(b - t0, 1)}
+                 for u, (w, a, b) in sorted(self.spans.items(), key=lambda kv: kv[1][1])}
+        return {"units": units, "workers": workers, "spans": spans}
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.units:
@@ -220,6 +226,9 @@ class UnitTimes:
         for w, v in s["workers"].items():
             tr.write_line(f"{w}: busy {v['busy_s']:.1f} s, last test ended at {v['end_s']:.1f} s, "
                           f"then idle {v['idle_tail_s']:.1f} s")
+            last = [(u, x) for u, x in s["spans"].items() if x["worker"] == w][-3:]
+            tr.write_line("  its last units: " + ", ".join(
+                f"{u} ({x['start_s']:.0f}-{x['end_s']:.0f} s)" for u, x in last))
         top = dict(list(s["units"].items())[: self.TOP])
         tr.write_line(f"the {len(top)} longest of {len(s['units'])} units, seconds "
                       f"(UNIT_SECONDS takes these): {json.dumps(top)}")
