@@ -1,6 +1,6 @@
 """The reference backend's fast paths are exact: a run with them (decode-step coalescing,
 ``decode_coalescing=on``, :mod:`replay.backends.reference.coalesce`; the radix walk memo,
-``GrowingKeys.walks``, valid while ``RadixTree.version`` is unchanged) writes the same rows, row
+``GrowingKeys.walks``, valid while no node the walk read has changed) writes the same rows, row
 for row (timestamps and sequence numbers included), as a run without any (step by step, every
 walk done), on the 20 differential cases, the bundled workloads and Hypothesis workloads, under
 the presets baseline, swa-fixes and eic; and the stretches do run (most steps of a pressured SWA
