@@ -38,8 +38,9 @@ _register_hypothesis_profiles()
 # (``replay.codes.warm``; tests/codes/test_warm.py checks a warm call is a cold one). A test that
 # sets KVTRACE_CODE_WARM=0 runs its calls cold. A worker keeps 4 parents (~0.6 GB each), not 2:
 # the fork's tests call each commit both bare and with a run's SGLANG_* environment (4 keys);
-# with 2 kept they evicted each other (the fork units' calls in one process: 11 imports with 2
-# parents, 7 with 4). tests/xdist_groups.py puts those units on one worker (MERGED).
+# with 2 kept they evicted each other (the fork units' 35 in-process calls, in one process: 9
+# imports with 2 parents kept, 7 with 4). tests/xdist_groups.py puts those units on one worker
+# (MERGED).
 def _warm_code_processes() -> None:
     import os
 

@@ -163,6 +163,9 @@ def test_the_fork_code_units_are_scheduled_as_one():
     from tests.xdist_groups import merged_tests
 
     ids = ["tests/codes/test_warm.py::test_c@fork-driver", "tests/codes/test_warm.py::test_d@fork-driver",
+           "tests/fork/test_fork_driver.py::test_e@fork-driver",
            "tests/fork/test_fork_env.py::test_a", "tests/fork/test_fork_env.py::test_b"]
     got = list(merged_tests(dict.fromkeys(ids, False)))
-    assert got == ids[2:] + ids[:2]  # MERGED's order, each module whole and as collected
+    # MERGED's order, test_warm.py last in its group (it ends the other warm parents), each
+    # module whole and as collected
+    assert got == ids[3:] + ids[2:3] + ids[:2]

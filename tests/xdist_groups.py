@@ -65,12 +65,13 @@ UNIT_SECONDS: dict[str, float] = {
 # Units scheduled as one (on one worker, one after the other, in this order): the units whose
 # tests call into the DeepSeek-V4 fork's codes in the worker's own process. Those calls go to
 # warm parents kept per worker process (replay.codes.warm: one per code and SGLANG_*/KVTRACE_*
-# environment, 20-45 s of imports each); split over both workers, each worker imported the same
-# codes again. Counted on the sequence of these units' calls (all of them run in one process,
-# 2026-12-02; parents kept as in replay.codes.warm, least recently used out): 18 parent starts
-# if each unit starts with none, 11 in one process keeping 2, 7 keeping 4 (each commit is
-# called bare and with a run's SGLANG_* environment: 4 keys; tests/conftest.py keeps 4) in this
-# order, where fork-driver's one-off environments (tests/codes/test_warm.py) come last.
+# environment; each start imports the fork's sglang: 12-34 s measured on the loaded machine);
+# split over both workers, each worker imported the same codes again. Each commit is called bare
+# and with a run's SGLANG_* environment (4 keys), and tests/codes/test_warm.py lowers the number
+# kept to 1 (MERGED_LAST: run last). Measured on these 10 modules' 35 calls in one process
+# (2026-12-02): 9 starts with test_warm.py before tests/fork/test_fork_driver.py, 7 in this order
+# with 4 kept (tests/conftest.py); replayed with 2 kept and the units split at random over two
+# workers (what make test did): 9 to 18, median 15.
 MERGED: dict[str, str] = {u: "fork-warm" for u in (
     "fork-capture-scheduler", "fork-dsv4-replay", "fork-dsv4-differential", "fork-659-claims",
     "tests/fork/test_fork_capture_pools.py", "tests/fork/test_fork_kv_bytes.py",
@@ -105,12 +106,21 @@ def scheduled_unit(nodeid: str) -> str:
     return MERGED.get(unit, unit)
 
 
+# Modules run last in their MERGED member: tests/codes/test_warm.py lowers KVTRACE_CODE_WARM_MAX
+# to 1 (it checks the least recently used parent exits), which ends the worker's other parents.
+MERGED_LAST = ("tests/codes/test_warm.py",)
+
+
 def merged_tests(tests: dict[str, bool]) -> dict[str, bool]:
-    """A scheduled unit's tests ({nodeid: done}), those of :data:`MERGED` members in its order
-    (each member's tests as collected: a module stays contiguous, its fixtures set up once)."""
+    """A scheduled unit's tests ({nodeid: done}), those of :data:`MERGED` members in its order,
+    :data:`MERGED_LAST` modules at the end of theirs (each module's tests as collected: a module
+    stays contiguous, its fixtures set up once)."""
     rank = {u: i for i, u in enumerate(MERGED)}
-    ids = sorted(enumerate(tests), key=lambda it: (rank.get(unit_of(it[1]), -1), it[0]))
-    return {nodeid: tests[nodeid] for _, nodeid in ids}
+
+    def key(it):
+        return rank.get(unit_of(it[1]), -1), it[1].split("::", 1)[0] in MERGED_LAST, it[0]
+
+    return {nodeid: tests[nodeid] for _, nodeid in sorted(enumerate(tests), key=key)}
 
 
 def unit_order(units: dict[str, int], seconds: dict[str, float] | None = None,
