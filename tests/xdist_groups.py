@@ -61,6 +61,10 @@ UNIT_SECONDS: dict[str, float] = {
     "tests/claims/test_host_free.py": 47.7,
     "tests/test_cli.py": 47.1,
     "fork-659-claims": 44.7,
+    # alone, each about 20 s (8 of them importing sglang, which a CI worker has done before)
+    "tests/claims/test_lru_refresh.py": 23.6,
+    "tests/claims/test_chunked_release.py": 21.1,
+    "tests/claims/test_admission.py": 20.4,
 }
 # Units scheduled as one (on one worker, one after the other, in this order): the units whose
 # tests call into the DeepSeek-V4 fork's codes in the worker's own process. Those calls go to
