@@ -61,7 +61,7 @@ UNIT_SECONDS: dict[str, float] = {
     "tests/claims/test_host_free.py": 47.7,
     "tests/test_cli.py": 47.1,
     "fork-659-claims": 44.7,
-    # alone, each about 20 s (8 of them importing sglang, which a CI worker has done before)
+    # alone, each about 20 s (some of it importing sglang, which a CI worker has done before)
     "tests/claims/test_lru_refresh.py": 23.6,
     "tests/claims/test_chunked_release.py": 21.1,
     "tests/claims/test_admission.py": 20.4,
