@@ -6,7 +6,7 @@ Where each figure comes from (``docs/replay.md`` repeats this table):
 |---|---|
 | ``requests``, ``finished`` | ``request`` rows: arrivals; finish rows (aborts excluded) |
 | ``peak_full_used``, ``peak_swa_used``, ``mean_swa_used`` | ``stats`` rows: used = capacity - available (slots not free: held, protected and evictable); the mean is time-weighted over the trace clock |
-| ``swa_used_slope_tokens_per_hour`` | least-squares slope of SWA used over the trace clock (hours) |
+| ``swa_used_slope_tokens_per_hour`` | least-squares slope of SWA used over the trace clock (hours), of the step function the samples define (so sampling density does not weigh in) |
 | ``prefix_hit_ratio`` | finish rows: sum(cached_len) / sum(input_len) (cached_len is what the server reports as ``cached_tokens``) |
 | ``host_hit_ratio`` | ``cache`` match rows, each request's last match: sum(host_hit) / sum(input_len) of finished requests |
 | ``retractions`` | ``sched`` retract rows |
@@ -61,6 +61,22 @@ STEPS_UNKNOWN = ("host_hit_ratio", "swa_evicted_tokens", "swa_released_tokens", 
                  "host_alloc_cpu_ns", "host_free_cpu_ns")
 
 
+def _step_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """Least-squares slope of the step function that holds ``y[i]`` over ``[x[i], x[i+1])``
+    (continuous: the integrals over each interval, so a repeated sample, which only splits an
+    interval, changes nothing; the hooks write a pool's sample only when it changed, a replay
+    every step, and both give the same slope)."""
+    a, b, v = x[:-1], x[1:], y[:-1]
+    w = b - a
+    t = w.sum()
+    su = ((b * b - a * a) / 2).sum()
+    suu = ((b ** 3 - a ** 3) / 3).sum()
+    sy = (v * w).sum()
+    suy = (v * (b * b - a * a) / 2).sum()
+    den = t * suu - su * su
+    return float((t * suy - su * sy) / den) if den > 0 else 0.0
+
+
 def _ratio(num: int, den: int) -> float:
     return round(num / den, 6) if den else 0.0
 
@@ -85,9 +101,7 @@ def _occupancy(tr) -> dict:
         span = ts[-1] - ts[0]
         out["mean_swa_used"] = round(float((used[:-1] * dt).sum() / span), 3) if span > 0 else float(used.mean())
         if span > 0:
-            x = (ts - ts[0]) / NS_PER_HOUR
-            slope = np.polyfit(x, used, 1)[0]
-            out["swa_used_slope_tokens_per_hour"] = round(float(slope), 3)
+            out["swa_used_slope_tokens_per_hour"] = round(_step_slope((ts - ts[0]) / NS_PER_HOUR, used), 3)
     elif swa.height == 1:
         out["mean_swa_used"] = float(swa["used"][0])
     return out

@@ -18,7 +18,8 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
 - the token append, length and decode-index updates of every running request, applied together
   when the stretch ends (or before an integrity check inside it);
 - the trace rows a step-by-step run writes, in the same order: the clock, the head's ``match``
-  row, the release rows and pool rows, the ``step`` row and the ``stats`` rows.
+  row, the release rows and pool rows, the ``step`` row and the ``stats`` rows (these two at the
+  step's end clock, as the normal path and the hooks stamp them).
 
 What a normal step would do besides is provably a no-op inside a stretch (no eviction: both pools
 keep at least a page per running request on their free lists; no finish: each request's first
@@ -219,7 +220,7 @@ class CoalesceMixin:
             # -- the step
             t0 = perf_counter_ns()
             clock = self.clock_ns
-            if begin is not None:
+            if begin is not None and not ran:  # later steps begin where the last one's rows set it
                 begin(clock)
             if due > self._next_arrival:
                 self._admit_arrivals()
@@ -256,6 +257,8 @@ class CoalesceMixin:
             self._sampled_idle = False
             self.trace_ct += 1
             fct = self.trace_ct
+            if begin is not None:
+                begin(self.clock_ns)  # the step and stats rows at the step's end (``step``)
             tracer.sched(_STEP, fct, _DECODE, bs, bs, 0)
             stats = tracer.stats
             for name, capacity, available, evictable, protected, held in model.occupancy_rows():

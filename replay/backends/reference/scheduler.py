@@ -139,6 +139,10 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             record = self._idle_step(self._last_retracted)
         else:
             record = self._run_batch(batch, mode, self._last_retracted)
+        if begin is not None:
+            # the step's own rows are stamped at its end, as the hooks stamp sglang's Scheduler
+            # (they sample the pools at the next step's begin, which is this clock)
+            begin(self.clock_ns)
         self._sample(record)
         self.forward_ct += 1
         record = StepRecord(record.forward_ct, record.mode, record.batch_size, record.num_tokens, record.step_ns,

@@ -207,7 +207,10 @@ class SglangBackend(SchedulerMirror):
         """End the last step for the tracer hooks: the pool sample that would open the next
         iteration (``run`` calls it once the workload is done; a caller stepping by hand may),
         then that iteration's HiCache events (the last write acks), as the real Scheduler's
-        ``get_next_batch_to_run`` does."""
+        ``get_next_batch_to_run`` does (at the clock the last step ended at, as every other boundary)."""
+        begin = getattr(self.observer, "on_step_begin", None)
+        if begin is not None:
+            begin(self.clock_ns)
         self.rt.stats_observer.get_pool_stats()
         if self.rt.tree.cache_controller is not None:
             self.rt.tree.check_hicache_events()

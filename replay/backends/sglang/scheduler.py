@@ -315,8 +315,11 @@ class RealSchedulerBackend(SglangBackend):
     def close_step(self) -> None:
         """End the last step for the tracer hooks, whose boundary with the real Scheduler is the
         top of ``get_next_batch_to_run``: one more call, which with nothing waiting or running
-        selects no batch."""
+        selects no batch (at the clock the last step ended at, as every other boundary)."""
         sched = self.sched
+        begin = getattr(self.observer, "on_step_begin", None)
+        if begin is not None:
+            begin(self.clock_ns)
         plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
         sched.running_batch = plan.running_batch
         if plan.batch_to_run is not None:
