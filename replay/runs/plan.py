@@ -154,6 +154,13 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         if host_gb:
             pt["host_pool_tokens"] = host_tokens(host_gb, r, bpt, page)
         points.append(pt)
+    if not stop_infeasible:  # a resumed plan would take a stopped run for the split's whole replay
+        cut = [p["swa_full_tokens_ratio"] for p in points if (out / _rel(policy, p) / SUMMARY_FILE).is_file()
+               and read_summary(out / _rel(policy, p)).stopped]
+        if cut:
+            raise RunError(f"{out}: the replays of ratios {', '.join(f'{r:g}' for r in cut)} stopped at their "
+                           "first retraction in this plan; to run them to their end choose a new --out "
+                           "(or --force)")
     try:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it
         attainable = float(capacity_curve(source).at(max(p["full_pool_tokens"] for p in points)))
     except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop

@@ -128,3 +128,16 @@ def test_a_plan_stops_on_a_declining_curve(long_outputs, tmp_path, monkeypatch):
     # the split it did not run is feasible (feasibility is not monotone in the ratio) but worse
     assert full.rows[-1]["feasible"] and full.rows[-1]["prefix_hit_ratio"] == 0.06875
     assert full.best["swa_full_tokens_ratio"] == 0.4
+
+
+def test_running_out_a_plan_that_stopped_its_splits_is_refused(both, long_outputs):
+    from replay.runs.summary import RunError
+
+    stop, _ = both
+    out = stop.rows[0]["run"].split("/policy=")[0]
+    with pytest.raises(RunError, match=r"ratios 0.1, 0.25, 1 stopped at their first retraction"):
+        plan(long_outputs, out, kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2, early_stop=False,
+             stop_infeasible=False)
+    r = CliRunner().invoke(main, ["plan", str(long_outputs), "--kv-gb", str(KV_GB), "--model", "mellum-like-swa",
+                                  "--ratios", ",".join(map(str, RATIOS)), "--out", out, "--run-infeasible"])
+    assert r.exit_code != 0 and "choose a new --out" in r.output and "Traceback" not in r.output
