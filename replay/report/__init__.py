@@ -172,7 +172,10 @@ def _plan_html(plan: dict, render) -> str:
             "no split finished every request without retractions or aborts: raise --kv-gb")
     cells = "".join(
         f"<tr><td>{r['swa_full_tokens_ratio']:g}</td><td>{r['full_pool_tokens']:,}</td><td>{r['swa_pool_tokens']:,}</td>"
-        f"<td>{r.get('prefix_hit_ratio', '')}</td><td>{r.get('ttft_p99_ms', '')}</td><td>{r.get('retractions', '')}</td>"
+        + (f"<td colspan=2>stopped at its first retraction/abort, {r['stopped_at_s']:,.1f} s</td>"
+           if r.get("status") == "stopped" else
+           f"<td>{r.get('prefix_hit_ratio', '')}</td><td>{r.get('ttft_p99_ms', '')}</td>")
+        + f"<td>{r.get('retractions', '')}</td>"
         f"<td>{r.get('aborted', '')}</td><td>{'yes' if r.get('feasible') else 'no'}</td></tr>" for r in plan["rows"])
     return (f'<section class="plan"><h2>Capacity plan ({plan["config"]["kv_gb"]:g} GB)</h2><p>{head}; knee at ratio '
             f'{k["swa_full_tokens_ratio"] if k else "-"}</p><table><tr><th>ratio</th><th>full tokens</th>'

@@ -141,3 +141,16 @@ def test_running_out_a_plan_that_stopped_its_splits_is_refused(both, long_output
     r = CliRunner().invoke(main, ["plan", str(long_outputs), "--kv-gb", str(KV_GB), "--model", "mellum-like-swa",
                                   "--ratios", ",".join(map(str, RATIOS)), "--out", out, "--run-infeasible"])
     assert r.exit_code != 0 and "choose a new --out" in r.output and "Traceback" not in r.output
+
+
+def test_the_report_shows_where_each_stopped_split_ended(both, tmp_path):
+    from pathlib import Path
+
+    from replay.report import build_report
+
+    stop, _ = both
+    out = Path(stop.rows[0]["run"].split("/policy=")[0])
+    build_report(out, tmp_path / "r.html", diagnose=False)
+    page = (tmp_path / "r.html").read_text()
+    assert page.count("stopped at its first retraction/abort") == 3
+    assert "infeasible (replay stopped at its first retraction" in page  # the figure's legend
