@@ -25,6 +25,10 @@ Python loop ran ~3x slower than on a quiet machine), ``--policy swa-fixes``:
 | ``production_1h``, before (ec0ac1a), right after | 32.7x (196 s wall, 168.8 CPU s, load 4.6) | - | - |
 | first 2,000 arrivals of ``production_1h`` (60,634 steps, 977 sim s), before / after, interleaved twice | 19.8, 18.6 / 17.9, 18.2 CPU s | - | - |
 
+Quiet, 2026-12-02 03:58-04:02 UTC (load 0.9-1.1), ``--workload data/workloads/mixed,data/workloads/production_1h
+--backends reference --json`` (coalescing off,on side by side): mixed 65.6x -> 71.2x (2.24 -> 1.56 CPU s),
+production_1h 56.0x -> 71.7x (118.6 -> 93.0 CPU s), same steps.
+
 Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
 """
 
