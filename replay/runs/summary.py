@@ -126,7 +126,8 @@ def _summarize(out: Path, rec, run_block: dict) -> RunSummary:
         ttft_p50_ms=_pct_ms(ttft, 50), ttft_p99_ms=_pct_ms(ttft, 99), queue_p99_ms=_pct_ms(queue, 99),
         throughput_tokens_per_s=round(tokens / sim_s, 3) if sim_s > 0 else 0.0,
         sched_cpu_ns=int(rec.sched_cpu_ns), sim_s=round(sim_s, 6), wall_s=round(rec.wall_ns / 1e9, 6),
-        aborted=res.num_aborted, steps=res.num_steps, stopped=getattr(res, "stopped", ""), policy=run_block["policy"], backend=run_block["backend"],
+        aborted=res.num_aborted, steps=res.num_steps, stopped=getattr(res, "stopped", ""),
+        policy=run_block["policy"], backend=run_block["backend"],
         source=run_block["source"], run=str(out), settings=run_block["settings"], assumed=run_block["assumed"],
         patches=[p["setting"] + "=" + p["value"] for p in rec.patches],
     )

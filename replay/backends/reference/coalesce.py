@@ -150,7 +150,7 @@ class CoalesceMixin:
         pending = self._pending
         n_pending = len(pending)
         s, model = self.settings, self.model
-        too_long = s.full_pool_tokens - s.page_size  # ``_admit_arrivals``' abort test
+        too_long = self._too_long
         pools = model.pools
         full, swa = pools.full, (pools.swa if pools.has_swa else None)
         batch = self.running
@@ -197,7 +197,7 @@ class CoalesceMixin:
                 break  # an EIC release may free SWA peers of the head's window: its match changes
             due = self._next_arrival
             while due < n_pending and pending[due].arrival_ns <= self.clock_ns:
-                if pending[due].input_len >= too_long:
+                if too_long(pending[due]):
                     break
                 due += 1
             if due < n_pending and pending[due].arrival_ns <= self.clock_ns:
@@ -220,7 +220,7 @@ class CoalesceMixin:
             # -- the step
             t0 = perf_counter_ns()
             clock = self.clock_ns
-            if begin is not None and not ran:  # later steps begin where the last one's rows set it
+            if begin is not None:
                 begin(clock)
             if due > self._next_arrival:
                 self._admit_arrivals()
@@ -257,8 +257,7 @@ class CoalesceMixin:
             self._sampled_idle = False
             self.trace_ct += 1
             fct = self.trace_ct
-            if begin is not None:
-                begin(self.clock_ns)  # the step and stats rows at the step's end (``step``)
+            tracer.set_clock(self.clock_ns)  # the step and stats rows at the step's end (``step``)
             tracer.sched(_STEP, fct, _DECODE, bs, bs, 0)
             stats = tracer.stats
             for name, capacity, available, evictable, protected, held in model.occupancy_rows():

@@ -107,18 +107,13 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         (``result.stopped``)."""
         stop = self.settings.stop_on_retraction == "on"
         res = self.result
-        if self.settings.decode_coalescing != "off":  # on, or auto
-            stretch, step = self._run_stretch, self.step
-            while not self.done:
-                if not stretch():  # a stretch never retracts (it stops before a page shortfall)
-                    step()
-                    if stop and (res.num_retractions or res.num_aborted):
-                        break
-        else:
-            while not self.done:
-                self.step()
-                if stop and (res.num_retractions or res.num_aborted):
-                    break
+        stretch = self._run_stretch if self.settings.decode_coalescing != "off" else None  # on, or auto
+        while not self.done:
+            if stretch is not None and stretch():  # a stretch never retracts (it stops before a shortfall)
+                continue
+            self.step()
+            if stop and (res.num_retractions or res.num_aborted):
+                break
         if not self.done:
             res.stopped = "first_retraction"
         self.model.ack_write_through()  # the last acks, as the real loop's ``close_step``
@@ -139,10 +134,9 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             record = self._idle_step(self._last_retracted)
         else:
             record = self._run_batch(batch, mode, self._last_retracted)
-        if begin is not None:
-            # the step's own rows are stamped at its end, as the hooks stamp sglang's Scheduler
-            # (they sample the pools at the next step's begin, which is this clock)
-            begin(self.clock_ns)
+        # the step's own rows are stamped at its end, as the hooks stamp sglang's Scheduler (they
+        # sample the pools at the next step's begin, which is this clock)
+        tracer.set_clock(self.clock_ns)
         self._sample(record)
         self.forward_ct += 1
         record = StepRecord(record.forward_ct, record.mode, record.batch_size, record.num_tokens, record.step_ns,
@@ -177,10 +171,15 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             tracer.request(int(RequestEvent.ARRIVAL), req.rid, int(wreq.session_id), int(wreq.turn),
                            req.input_len, int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid),
                            _int_list(wreq.page_hashes))
-            if wreq.input_len + s.page_size >= s.full_pool_tokens:
+            if self._too_long(wreq):
                 self._complete(req, "too_long")
             else:
                 self.waiting.append(req)
+
+    def _too_long(self, wreq) -> bool:
+        """Whether an arriving request is aborted at once: its prompt and a page do not fit the
+        empty full pool."""
+        return wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens
 
     def _adopt_session_prefix(self, req: RefReq, wreq) -> None:
         """Reuse the page keys of the session's previous turn for the leading pages whose hash

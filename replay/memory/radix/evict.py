@@ -117,8 +117,7 @@ class EvictMixin:
         self._release_node(node, res)
         parent = node.parent
         del parent.children[node.key[0]]
-        self.version += 1
-        node.mod = self.version  # detached: a walk through it reads the parent's entry no more
+        self._changed(node)  # detached: a walk through it reads the parent's entry no more
         self._update_leaf_sets(parent)
         self._delete_dead_ancestors(parent, res)
 
@@ -134,8 +133,7 @@ class EvictMixin:
             parent = cur.parent
             self._release_node(cur, res)
             del parent.children[cur.key[0]]
-            self.version += 1
-            cur.mod = self.version  # detached
+            self._changed(cur)  # detached
             self._update_leaf_sets(parent)
             cur = parent
 
@@ -219,7 +217,6 @@ class EvictMixin:
         parent = node.parent
         self._release_node(node, res)
         del parent.children[node.key[0]]
-        self.version += 1
-        node.mod = self.version  # detached: a walk through it reads the parent's entry no more
+        self._changed(node)  # detached: a walk through it reads the parent's entry no more
         self._update_leaf_sets(parent)
         self._delete_dead_ancestors(parent, res)

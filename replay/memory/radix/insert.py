@@ -163,8 +163,7 @@ class InsertMixin:
         else:
             old = node.full
             node.full = incoming
-            self.version += 1
-            node.mod = self.version
+            self._changed(node)
             self._defer_full(old)
             swa = self.pools.translate(incoming)
         self._set_swa(node, swa)

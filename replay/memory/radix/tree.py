@@ -115,11 +115,16 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self._next_node_id += 1
         return node
 
+    def _changed(self, node: Node) -> None:
+        """Bump ``version`` and stamp ``node`` with it (``Node.mod``): a change a match walk reads
+        of ``node`` (its key, which components it holds, its FULL list, its removal)."""
+        self.version += 1
+        node.mod = self.version
+
     # ---- ledger-keeping setters --------------------------------------------------------
 
     def _set_full(self, node: Node, pages: list[int]) -> None:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         node.full = pages
         node.parent.dev_children += 1
         n = len(pages) * self.ps
@@ -129,8 +134,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
             self.full_evictable += n
 
     def _take_full(self, node: Node) -> list[int]:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         pages, node.full = node.full, None
         node.parent.dev_children -= 1
         n = len(pages) * self.ps
@@ -141,8 +145,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         return pages
 
     def _set_swa(self, node: Node, pages: list[int]) -> None:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         node.swa = pages
         n = len(pages) * self.ps
         if node.swa_lock > 0:
@@ -154,8 +157,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         self.swa_lru.insert_mru(node)
 
     def _take_swa(self, node: Node, to_host_lru: bool = True) -> list[int]:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         pages, node.swa = node.swa, None
         n = len(pages) * self.ps
         if node.swa_lock > 0:
@@ -168,29 +170,25 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         return pages
 
     def _set_full_host(self, node: Node, pages: list[int]) -> None:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         node.full_host = pages
         self.host_full_tokens += len(pages) * self.ps
 
     def _take_full_host(self, node: Node) -> list[int]:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         pages, node.full_host = node.full_host, None
         self.host_full_tokens -= len(pages) * self.ps
         return pages
 
     def _set_swa_host(self, node: Node, pages: list[int]) -> None:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         node.swa_host = pages
         self.host_swa_tokens += len(pages) * self.ps
         if node.swa is None:
             self.swa_host_lru.insert_mru(node)
 
     def _take_swa_host(self, node: Node) -> list[int]:
-        self.version += 1
-        node.mod = self.version
+        self._changed(node)
         pages, node.swa_host = node.swa_host, None
         self.host_swa_tokens -= len(pages) * self.ps
         if node in self.swa_host_lru:
