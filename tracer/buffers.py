@@ -9,8 +9,10 @@ ids). A clean buffer is all zeros, so a reserved but not yet written record show
 Buffers are recycled: after a flush the used prefix is zeroed (numpy releases the GIL for a large
 fill) and the buffer returns to a small free list. Its pages stay faulted in, so the emitting
 thread never pays a page fault (a fresh page costs a few microseconds in a VM, i.e. 100+ ns per
-event at 40-60 bytes per record). At most ``1 + MAX_FREE`` buffers plus those being flushed exist
-per family.
+event at 40-60 bytes per record). At most ``MAX_BUFFERS`` buffers exist per family (the current
+one, ``MAX_FREE`` clean spares, one pending a flush), plus one for the moment a flush swaps a fresh
+buffer in for a full one that has no clean spare: an emitter that outruns the flusher drops (and
+counts) events rather than growing the recorder's memory.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tracer.schema import Family
 from tracer.schema.storage import ARROW_POOL
 
 MAX_FREE = 2
+MAX_BUFFERS = 2 + MAX_FREE  # per family: current, clean spares, one pending a flush
 _ZERO_CHUNK = 1 << 20  # bytes zeroed per GIL hold when recycling
 
 
@@ -120,6 +123,7 @@ class StructBuffer:
             self.free = [(m, itertools.count(0, self.size), []) for m in shared[1:]]
             self.cur = [(shared[0], itertools.count(0, self.size), [])]
             return
+        self.live = 0  # buffers this family holds: current, pending, free and being flushed
         self.free: list[tuple] = [self._new(committed=True)]  # clean buffers (the slow path's spare)
         self.cur = [self._new(committed=True)]
 
@@ -131,14 +135,17 @@ class StructBuffer:
         for arrays of 4 MiB or more, and the emitter would then stall ~4.5 ms per 2 MiB fault
         (see ``tracer.chunks``)."""
         n = self.capacity * self.size
+        self.live += 1
         return (bytearray(n) if committed else _zero_pages(n), itertools.count(0, self.size), [])
 
     def _new_small(self) -> tuple:
         return (bytearray(self.size), itertools.count(0, self.size), [])
 
     def recycle(self, buf: tuple, used_records: int) -> None:
-        """Zero the used prefix of a flushed buffer and keep it for reuse. Mutates: ``free``."""
-        if len(self.free) >= MAX_FREE:
+        """Zero the used prefix of a flushed buffer and keep it for reuse, unless the spares are
+        full or the family holds more than ``MAX_BUFFERS``. Mutates: ``free``, ``live``."""
+        if len(self.free) >= MAX_FREE or self.live > MAX_BUFFERS:
+            self.discard()
             return
         view = np.frombuffer(buf[0], np.uint8, count=used_records * self.size)
         for start in range(0, len(view), _ZERO_CHUNK):  # short GIL holds: see yield_gil
@@ -146,6 +153,17 @@ class StructBuffer:
             yield_gil()
         with self.lock:
             self.free.append((buf[0], itertools.count(0, self.size), []))
+
+    def discard(self) -> None:
+        """A flushed buffer is let go (not reused). Mutates: ``live``."""
+        if self.shared is None:
+            self.live -= 1
+
+    def top_up(self) -> None:
+        """After a flush: a clean spare for the emitter's next full buffer, while the family holds
+        fewer than ``MAX_BUFFERS``. Mutates: ``free``, ``live``."""
+        if not self.free and self.live < MAX_BUFFERS:
+            self.free.append(self._new())
 
     def take_free(self) -> tuple:
         with self.lock:
@@ -156,8 +174,10 @@ class StructBuffer:
         return min(peek_count(buf[1]) // self.size, self.capacity)
 
     def check_integrity(self) -> None:
-        """At most 1 + MAX_FREE buffers plus those pending a flush; free buffers are clean."""
+        """At most MAX_FREE spares and MAX_BUFFERS + 1 buffers in all; spares are clean."""
         assert len(self.free) <= MAX_FREE, f"{self.fam.name}: {len(self.free)} free buffers"
+        if self.shared is None:
+            assert 1 <= self.live <= MAX_BUFFERS + 1, f"{self.fam.name}: {self.live} buffers live"
         for data, ctr, side in self.free:
             assert peek_count(ctr) == 0 and not side, f"{self.fam.name}: a free buffer is in use"
             assert len(data) == self.capacity * self.size, f"{self.fam.name}: buffer size"

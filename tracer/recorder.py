@@ -378,8 +378,9 @@ class Recorder(SegmentWriter, DrainLink):
             torn = self._write_struct(name, b, buf, n, marks) if n else 0
             if not torn:  # a torn slot may still be written late: never reuse that buffer
                 b.recycle(buf, n)
-        if not b.free:
-            b.free.append(b._new())
+            else:
+                b.discard()
+        b.top_up()
 
     def _flush_rows(self, name: str, b: RowBuffer) -> None:
         rows = b.swap()

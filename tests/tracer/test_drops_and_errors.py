@@ -12,6 +12,7 @@ import threading
 
 import tracer
 from replay.trace import open_trace
+from tracer.buffers import MAX_BUFFERS
 from tracer.schema import Pool, PoolOp
 
 
@@ -36,14 +37,37 @@ def test_burst_into_tiny_buffer_records_drops(tmp_path):
     assert any(p.kind == "drops" for p in tr.check())
 
 
+def _held(b) -> int:
+    """Bytes in the family's current, pending and spare buffers (not those being flushed)."""
+    return len(b.cur[0][0]) + sum(len(p[0]) for p in b.pending) + sum(len(f[0]) for f in b.free)
+
+
 def test_memory_is_bounded_by_the_buffer(tmp_path):
     rec = tracer.start(tmp_path / "t", buffer_events=64, flush_interval_ms=60_000, poll_interval_ms=60_000)
     b = rec.structs["pool"]
     for i in range(10_000):
         tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
-    held = len(b.cur[0][0]) + sum(len(p[0]) for p in b.pending) + sum(len(f[0]) for f in b.free)
-    assert held <= 3 * 64 * b.size
+    assert _held(b) <= (MAX_BUFFERS + 1) * 64 * b.size
     tracer.stop()
+
+
+def test_an_emitter_outrunning_the_flusher_drops_instead_of_growing(tmp_path):
+    # 64-event buffers: the flusher, woken at every full buffer, writes far slower than the
+    # emitter fills them. The family's buffers must stay within MAX_BUFFERS (+1 during a swap);
+    # before the cap each flush that found no spare added a buffer for good.
+    rec = tracer.start(tmp_path / "t", buffer_events=64, flush_interval_ms=1, poll_interval_ms=1)
+    b = rec.structs["pool"]
+    n, most = 200_000, 0
+    for i in range(n):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
+        if i % 256 == 0:
+            most = max(most, b.live)
+            b.check_integrity()
+    tracer.stop()
+    assert most <= MAX_BUFFERS + 1
+    tr = open_trace(tmp_path / "t")
+    dropped = sum(d["num_events"] for d in tr.table("drops").to_pylist())
+    assert tr.rows("pool") + dropped == n  # nothing lost uncounted
 
 
 def test_directory_removed_while_recording_keeps_caller_running(tmp_path, caplog):
