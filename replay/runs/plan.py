@@ -7,8 +7,8 @@ The budget ``kv_gb`` (10^9 bytes) buys ``full_pool_tokens`` F and ``swa_pool_tok
 :func:`replay.runs.kv_gb.resolve_bytes`). ``host_gb`` sizes the HiCache host pool the same way.
 
 Each split is one replay (the reference backend by default, in parallel: the sweep machinery,
-so a plan is a resumable sweep directory); splits run from the smallest SWA share up, a batch of
-``jobs`` at a time (on the reference backend a split's replay ends at its first retraction or abort,
+so a plan is a resumable sweep directory); splits start from the smallest SWA share up,
+``jobs`` at a time, the next as soon as one ends (on the reference backend a split's replay ends at its first retraction or abort,
 which rules it out: ``stop_infeasible``). Feasible splits finish every request with no retraction and no abort; the
 best feasible one for the objective (``hit_ratio``: the highest prefix-hit ratio; ``ttft_p99``:
 the lowest TTFT p99) is recommended, with its server arguments. Early stop: once a feasible
@@ -16,7 +16,8 @@ split reaches 99 % of the attainable hit ratio (the one-pass LRU curve of the fu
 workload's footprint, :func:`replay.analysis.capacity.capacity_curve`: no split can beat it),
 the larger SWA shares are not run; nor once the ``DECLINE_STEPS`` splits past the best each did worse
 than the one before (an infeasible one counts as worse: the curve has turned down, a heuristic that
-assumes the curve does not rise again past there). ``confirm`` re-runs the winner and its two neighbours on the
+assumes the curve does not rise again past there). The rule reads the splits in ratio order
+(:class:`_Search`), so where it stops does not depend on ``jobs``. ``confirm`` re-runs the winner and its two neighbours on the
 real sglang backend and says whether the reference's figures hold (hit ratio within 0.01, peak
 SWA within 2 %); where they part, the plan trusts the real backend: the notes say where and by how
 much, and the recommendation (``best``, the server arguments) becomes the real backend's best
@@ -165,21 +166,12 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         attainable = float(capacity_curve(source).at(max(p["full_pool_tokens"] for p in points)))
     except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop
         attainable = 1.0
-    rows, early, why = [], False, ""
-    for i in range(0, len(points), max(1, jobs)):
-        batch = points[i:i + max(1, jobs)]
-        df = sweep(source, out, policies=[policy], points=batch, sets=sets, jobs=jobs, executor=executor,
-                   backend=backend, progress=progress, model=model)
-        errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
-        rows += [_row(out, policy, pt, bpt, errors) for pt in batch]
-        best = _best(rows, objective)
-        if early_stop and best is not None and i + len(batch) < len(points):
-            if best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * attainable:
-                early, why = True, "attainable"
-            elif _declined(rows, best, objective):
-                early, why = True, "declining"
-            if early:
-                break
+    search = _Search(out, policy, points, bpt, objective, attainable, early_stop)
+    df = sweep(source, out, policies=[policy], points=points, sets=sets, jobs=jobs, executor=executor,
+               backend=backend, progress=progress, model=model, stop=search.stop)
+    errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
+    rows = [_row(out, policy, pt, bpt, errors) for pt in points[:search.cut]]
+    early, why = search.cut < len(points), search.why
     best = _best(rows, objective)
     recorded = _recorded_ratio(source)
     notes = []
@@ -229,6 +221,42 @@ def _row(out: Path, policy: str, pt: dict, bpt: dict, errors: dict | None = None
             "mean_swa_used": s.mean_swa_used, "peak_full_used": s.peak_full_used}
     row["feasible"] = s.finished == s.requests and s.retractions == 0 and s.aborted == 0
     return row
+
+
+class _Search:
+    """The early-stop rule over the splits in ratio order, as the sweep's ``stop``: after each run
+    ends, the rule is applied to each longer prefix of completed splits in turn, so where the
+    search ends depends on the figures only (not on ``jobs`` or on which run ended first). The
+    rows past the cut are left out of the plan (their runs, killed or complete, stay for a later
+    plan to resume)."""
+
+    def __init__(self, out: Path, policy: str, points: list[dict], bpt: dict, objective: str,
+                 attainable: float, enabled: bool) -> None:
+        from replay.runs.jobs import RunSpec
+
+        self.out, self.policy, self.points, self.bpt = out, policy, points, bpt
+        self.objective, self.attainable, self.enabled = objective, attainable, enabled
+        self.keys = [RunSpec(policy, tuple(pt.items())).key for pt in points]
+        self.rows: list[dict] = []
+        self.cut, self.why = len(points), ""
+
+    def stop(self, results: dict) -> str:
+        if not self.enabled or self.why:
+            return self.why
+        while len(self.rows) < len(self.points) - 1 and self.keys[len(self.rows)] in results:
+            k = len(self.rows)
+            self.rows.append(_row(self.out, self.policy, self.points[k], self.bpt))
+            best = _best(self.rows, self.objective)
+            if best is None:
+                continue
+            if best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * self.attainable:
+                self.why = "attainable"
+            elif _declined(self.rows, best, self.objective):
+                self.why = "declining"
+            if self.why:
+                self.cut = k + 1
+                return f"the plan stopped early ({self.why}) after ratio {self.points[k]['swa_full_tokens_ratio']:g}"
+        return ""
 
 
 def _declined(rows: list[dict], best: dict, objective: str) -> bool:

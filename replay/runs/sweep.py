@@ -134,7 +134,7 @@ def _check_codes(source: Path, specs: list[RunSpec], sets, backend: str) -> dict
 
 def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jobs: int = 1,
           executor: str = "local", backend: str = "sglang", detail: str = "counts",
-          progress: bool = False, codes=None, env=(), model: str | None = None, points=None):
+          progress: bool = False, codes=None, env=(), model: str | None = None, points=None, stop=None):
     """Run every (policy, grid point) over ``source`` into ``out``; returns the summary table.
 
     Args:
@@ -157,6 +157,10 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
         points: instead of ``grid``'s cross product, these grid points (``[{knob: value}]``, all
             with the same knobs in the same order; e.g. full/SWA pool pairs at one memory budget,
             ``replay.runs.plan``). A resumed sweep may add points.
+        stop: ``(results) -> str``, called with ``{run key: result}`` (every completed run, those
+            of earlier sessions too) whenever a run ends: a non-empty reason ends the sweep there;
+            the runs still going are killed and, with those not started, reported ``skipped`` with
+            that reason (a later sweep runs them). ``replay.runs.plan`` stops its search this way.
     Returns:
         polars DataFrame of ``out/summary.parquet`` (one row per run).
     Raises:
@@ -206,11 +210,20 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
     runner = _run_local if executor == "local" else _run_ray
     bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
+    why = stop(results) if stop is not None and results else ""
     try:
-        for res in runner(args, jobs):
+        runs = runner(args, jobs) if not why else iter(())
+        for res in runs:
             results[res["run"]] = res
             if bar:
                 bar.update(1)
+            why = stop(results) if stop is not None else ""
+            if why:
+                runs.close()  # kills the runs still going
+                break
+        if why:
+            for s in specs:
+                results.setdefault(s.key, {"run": s.key, "status": "skipped", "error": why})
     except KeyboardInterrupt as e:  # SIGINT, or SIGTERM through signals_as_interrupts
         from replay.errors import Interrupted
 
@@ -296,6 +309,7 @@ def _run_ray(args, jobs: int):
 
     started = start_ray(ray, jobs)  # retries a local start a loaded machine times out (see there)
     task = ray.remote(num_cpus=1, max_calls=1)(_run_one)
+    pending = {}
     try:
         pending = {task.remote(*a): a[2] for a in args}
         while pending:
@@ -307,6 +321,11 @@ def _run_ray(args, jobs: int):
             except Exception as e:
                 yield {"run": spec.key, "status": "failed", "error": f"ray task failed: {type(e).__name__}: {e}"}
     finally:
+        for ref in pending:  # the sweep ended early (its stop rule, an interrupt): end these too
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - already done or the cluster went away
+                pass
         if started:
             ray.shutdown()
 
