@@ -19,6 +19,7 @@ anything was (the CLI then exits 1).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ class RecoveryReport:
     lost_events: dict[int, int] = field(default_factory=dict)  # rank -> events newly counted lost
     ranks_marked: list[int] = field(default_factory=list)
     forced_live_ranks: list[int] = field(default_factory=list)
+    #: a dead recorder's half-written rank files (``ranks/.rank=R.json.<pid>.tmp``), removed
+    stale_temporaries: list[str] = field(default_factory=list)
 
     @property
     def lost(self) -> bool:
@@ -55,7 +58,7 @@ class RecoveryReport:
                 "moved_aside": self.moved_aside,
                 "lost_events": {str(k): v for k, v in self.lost_events.items()},
                 "ranks_marked": self.ranks_marked, "forced_live_ranks": self.forced_live_ranks,
-                "lost": self.lost}
+                "stale_temporaries": self.stale_temporaries, "lost": self.lost}
 
 
 def recover(path: str | Path, *, force: bool = False) -> RecoveryReport:
@@ -117,7 +120,37 @@ def recover(path: str | Path, *, force: bool = False) -> RecoveryReport:
         except OSError as e:
             raise KvtraceError(f"{root}: rank {r}: could not write the recovery accounting "
                                f"({e.strerror or e}). Free space and rerun") from None
-    return RecoveryReport(str(root), segments, rows, torn, aside, lost, marked, live)
+    stale = _remove_stale_temporaries(root, [r for r in ranks if r not in live])
+    return RecoveryReport(str(root), segments, rows, torn, aside, lost, marked, live, stale)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process: alive
+        return True
+    return True
+
+
+def _remove_stale_temporaries(root: Path, ranks: list[int]) -> list[str]:
+    """Remove the rank-file temporaries a recorder killed between writing and renaming left
+    (``ranks/.rank=R.json.<pid>.tmp`` of a rank not recording, its writer's pid gone): the rank
+    file they would have replaced is whole (the rename is atomic) and recovery rewrote it."""
+    removed = []
+    for r in ranks:
+        for p in sorted((root / _manifest.RANKS_DIR).glob(f".rank={r}.json.*.tmp")):
+            pid = p.name[len(f".rank={r}.json."):-len(".tmp")]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                try:
+                    p.unlink()
+                    removed.append(str(p))
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise KvtraceError(f"{p}: could not remove this stale temporary ({e.strerror or e})") from None
+    return removed
 
 
 def _rank_of(f: Path) -> int:

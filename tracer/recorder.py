@@ -105,6 +105,13 @@ class Recorder(SegmentWriter, DrainLink):
         self._proc = None
         self._inflight = 0  # events handed to the drain process and not accounted for yet
         self._in_hand: list[tuple] = []  # (buffer, records) being swapped out for the drain
+        # The flusher thread's own accounting, under ``_acct`` (``check_integrity`` may run in
+        # another thread meanwhile): struct buffers swapped out and being written, by id of
+        # their memory, as [StructBuffer, buffer, records accounted so far]; row records swapped
+        # out and not yet written.
+        self._acct = threading.Lock()
+        self._flushing: dict[int, list] = {}
+        self._rows_flushing = 0
         if self.opts.flusher == "process":
             try:
                 self.structs = self._start_drain()
@@ -340,7 +347,11 @@ class Recorder(SegmentWriter, DrainLink):
                 if due & (_MARKED | _CLOCK_ROWS):  # marked rows and their marks flush together
                     due |= _MARKED | _CLOCK_ROWS
                 s_swap = peek_count(self.seq)  # rows from here on go to the next cycle
-                swapped = {name: self._swap_struct(self.structs[name]) for name in self.structs if name in due}
+                with self._acct:  # out of the buffers and into ``_flushing`` at once
+                    swapped = {name: self._swap_struct(self.structs[name]) for name in self.structs if name in due}
+                    for name, bufs in swapped.items():
+                        for buf in bufs:
+                            self._flushing[id(buf[0])] = [self.structs[name], buf, 0]
                 if swapped:  # an emitter that found its buffer full may wait on a swap lock
                     handoff()
                 # After the swaps every swapped row's mark is in; nothing swapped: marks wait.
@@ -376,33 +387,50 @@ class Recorder(SegmentWriter, DrainLink):
         for buf in bufs:
             n = b.reserved(buf)
             torn = self._write_struct(name, b, buf, n, marks) if n else 0
+            with self._acct:
+                self._flushing.pop(id(buf[0]), None)
             if not torn:  # a torn slot may still be written late: never reuse that buffer
                 b.recycle(buf, n)
             else:
                 b.discard()
         b.top_up()
 
+    def _account(self, name: str, buf: tuple, rows: int, torn: int) -> None:
+        with self._acct:
+            super()._account(name, buf, rows, torn)
+            entry = self._flushing.get(id(buf[0]))
+            if entry is not None:
+                entry[2] += rows + torn
+
     def _flush_rows(self, name: str, b: RowBuffer) -> None:
-        rows = b.swap()
+        with self._acct:
+            rows = b.swap()
+            self._rows_flushing += len(rows)
         if not rows:
             return
         schema = b.fam.arrow_schema(stored=False)
         cols = list(zip(*rows))
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, schema)]
         self._segment(name).write(pa.RecordBatch.from_arrays(arrays, schema=schema), between_steps=yield_gil)
-        self.events_written[name] += len(rows)
+        with self._acct:
+            self.events_written[name] += len(rows)
+            self._rows_flushing -= len(rows)
 
     def _drops_to_rows(self) -> None:
         t = time.monotonic_ns() - self.anchor_ns
-        rows = self.rows["drops"].cur[0]
-        for (fam, reason), (first, last, n, detail) in self.drops.take().items():
-            rows.append((t, next(self.seq), fam, first, last, n, int(reason), detail))
+        with self._acct:  # a drops row's seq is issued and its row buffered at once
+            rows = self.rows["drops"].cur[0]
+            for (fam, reason), (first, last, n, detail) in self.drops.take().items():
+                rows.append((t, next(self.seq), fam, first, last, n, int(reason), detail))
 
     # ---------------------------------------------------------------- failure and stop
     def _fail(self, exc: BaseException) -> None:
         if self.failed:
             return
         self.failed = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        with self._acct:  # what was being written is in ``lost`` below
+            self._flushing.clear()
+            self._rows_flushing = 0
         self._on_disable(self._counting_emits())
         issued = peek_count(self.seq) - 1
         lost = max(issued - sum(self.events_written.values()) - self.drops.total, 0)
@@ -500,14 +528,16 @@ class Recorder(SegmentWriter, DrainLink):
         """Accounting holds: every issued seq is written, dropped or still buffered (exactly, when
         no other thread is emitting), and each family's memory stays within its bound.
         Raises AssertionError naming what broke."""
-        for b in self.structs.values():
-            b.check_integrity()
-        buffered = sum(b.reserved(b.cur[0]) + sum(b.reserved(p) for p in b.pending)
-                       for b in self.structs.values())
-        buffered += sum(len(b.cur[0]) for b in self.rows.values()) + self._inflight
-        buffered += sum(len(buf) if b is None else b.reserved(buf) for b, buf in list(self._in_hand))
-        issued = peek_count(self.seq) - 1
-        accounted = sum(self.events_written.values()) + self.drops.total + buffered
+        with self._acct:  # the flusher thread's swaps and counts wait meanwhile
+            for b in self.structs.values():
+                b.check_integrity()
+            buffered = sum(b.reserved(b.cur[0]) + sum(b.reserved(p) for p in b.pending)
+                           for b in self.structs.values())
+            buffered += sum(len(b.cur[0]) for b in self.rows.values()) + self._inflight
+            buffered += sum(len(buf) if b is None else b.reserved(buf) for b, buf in list(self._in_hand))
+            buffered += sum(b.reserved(buf) - done for b, buf, done in self._flushing.values()) + self._rows_flushing
+            issued = peek_count(self.seq) - 1
+            accounted = sum(self.events_written.values()) + self.drops.total + buffered
         assert accounted == issued, f"recorder accounts for {accounted} events but issued {issued} seqs"
         if self.failed:
             assert not self.segments, "a failed recorder keeps no open segment"

@@ -61,7 +61,7 @@ class SegmentWriter:
             keep = _chunks.written_mask(seqs, yield_gil)
         torn = int(n - np.count_nonzero(keep))
         if torn:
-            self.drops.add(name, DropReason.TORN, -1, -1, torn)
+            self._account(name, buf, 0, torn)
         ids = _chunks.SideIndex(side, yield_gil) if name == "pool" else None
         schema = b.fam.arrow_schema(stored=False)
         seg = self._segment(name)
@@ -77,10 +77,16 @@ class SegmentWriter:
                 arrays.append(page_ids_column(ids.entries(_chunks.positions(chunk)), rows))
             yield_gil()
             seg.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
-            self.events_written[name] += rows
+            self._account(name, buf, rows, 0)
             del arrays
             yield_gil()
         return torn
+
+    def _account(self, name: str, buf: tuple, rows: int, torn: int) -> None:
+        """Count ``rows`` records of ``buf`` written and ``torn`` of them dropped as torn."""
+        if torn:
+            self.drops.add(name, DropReason.TORN, -1, -1, torn)
+        self.events_written[name] += rows
 
     def _segment(self, name: str) -> _segments.StreamSegment:
         seg = self.segments.get(name)

@@ -33,6 +33,8 @@ def recover_cmd(trace: str, as_json: bool, force: bool) -> None:
             click.echo(f"torn: {n}")
         for p in out.moved_aside:
             click.echo(f"moved aside: {p}")
+        for p in out.stale_temporaries:
+            click.echo(f"removed a dead recorder's half-written rank file: {p}")
     if out.lost:
         lost = sum(out.lost_events.values())
         raise DataLostError(f"{trace}: {lost} events could not be recovered (counted in the drops "

@@ -164,3 +164,26 @@ def test_manifest_not_an_object_and_rank_file_not_an_object(tmp_path):
         res = _invoke(cmd, path)
         assert res.exit_code == 2 and "Traceback" not in res.output, res.output
         assert "manifest.json" in res.stderr and "expected" in res.stderr and "object" in res.stderr
+
+
+def test_recover_removes_a_dead_recorders_half_written_rank_file(tmp_path):
+    # a SIGKILL between writing the rank file's temporary and renaming it leaves the temporary
+    import subprocess
+    import sys
+
+    path = tmp_path / "t"
+    _crashed_trace(path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = path / "ranks" / f".rank=0.json.{dead.pid}.tmp"
+    stale.write_text('{"state": "rec')
+    alive = path / "ranks" / f".rank=0.json.{os.getppid()}.tmp"  # a writer still running: kept
+    alive.write_text('{"state": "rec')
+    res = _invoke("recover", "--json", path)
+    out = json.loads(res.output)
+    assert out["stale_temporaries"] == [str(stale)]
+    assert not stale.exists() and alive.exists()
+    assert json.loads((path / "ranks" / "rank=0.json").read_text())["state"] == "recovered"
+    alive.unlink()
+    res = _invoke("recover", path)  # nothing left to remove: the line is not printed
+    assert "half-written" not in res.output

@@ -183,6 +183,18 @@ def test_fork_child_records_into_its_own_rank(tmp_path):
     assert tr.table("pool", rank=1).column("rid").to_pylist() == [1000]
 
 
+def test_check_integrity_holds_while_the_flusher_writes(tmp_path):
+    # 16-event buffers and a flusher that wakes every millisecond: it is nearly always swapping or
+    # writing while this thread emits and checks; what it holds is counted (``_flushing``)
+    rec = tracer.start(tmp_path / "t", buffer_events=16, flush_interval_ms=1, poll_interval_ms=1)
+    for i in range(3000):
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, i, 1)
+        rec.check_integrity()
+    tracer.stop()
+    rec.check_integrity()
+    assert sum(rec.events_written.values()) - rec.events_written["drops"] + rec.drops.total == 3000
+
+
 def test_check_integrity_after_every_event(tmp_path):
     rec = tracer.start(tmp_path / "t", buffer_events=16, flush_interval_ms=60_000, poll_interval_ms=60_000)
     for i in range(200):
