@@ -119,6 +119,16 @@ class KVCacheModel:
             touch(self._key(page_hashes, None))
 
     @_op
+    def touch_many(self, page_hashes_list: Sequence[Sequence[int]]) -> None:
+        """``touch`` of each sequence in turn (the waiting-queue refresh), in one call."""
+        many = getattr(self.cache, "touch_many", None)
+        if many is None:
+            for page_hashes in page_hashes_list:
+                self.touch(page_hashes)
+        else:
+            many([self._key(p, None) for p in page_hashes_list])
+
+    @_op
     def admit(
         self,
         rid: Any,

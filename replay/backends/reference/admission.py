@@ -104,8 +104,8 @@ class AdmissionMixin:
         refresh = self._prefix_refresh_calls % _WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._prefix_refresh_calls += 1
         if refresh:
-            for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]):
-                self.model.touch(req.keys.up_to(req.fill_len))
+            self.model.touch_many([req.keys.up_to(req.fill_len)
+                                   for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX])])
 
     def _add_one_req(self, req: RefReq, budget: PrefillBudget, can_run: list, extends: dict) -> str:
         """sglang ``init_next_round_input`` + ``add_one_req``: match, budget checks, lock."""

@@ -103,6 +103,79 @@ class MatchMixin:
         self.refresh_swa_lru(best)
         self._stamp_path(best)
 
+    def _memo(self, key, n: int):
+        """The memoized walk of the first ``n`` pages of ``key`` (a ``GrowingKeys``) when none of
+        the nodes it read changed since (such a walk splits nothing), else None."""
+        memo = key.walks.get(n)
+        if memo is None or memo[0] is not self:
+            return None
+        taken, version = memo[1], self.version
+        if taken != version:
+            end = memo[4]
+            if end is not None and end.children.get(key[memo[5]]) is not None:
+                return None
+            for x in memo[3]:
+                if x.mod > taken:
+                    return None
+            memo[1] = version  # valid now: checked from here on
+        self.walk_memo_hits += 1
+        return memo[2]
+
+    def touch_many(self, keys: list) -> None:
+        """``touch`` of each key in turn, exactly, with the recency effects applied once per node.
+
+        The walks run in order (a walk that may split, one the memo cannot answer, first applies
+        the effects of the touches before it, since a split copies a node's stamps). The effects
+        of a run of walks are those of their touches in order: a node's stamp is the one the
+        last touch through it gives (walking the touches from the last back, each stops at a
+        node a later touch already stamped, whose ancestors that touch stamped too); the SWA LRU
+        ends with the last touch's chain most recent, then each earlier chain's other nodes; a
+        leaf is re-ranked once, with its final stamp (the heap's order reads only the stamps).
+        """
+        bests = []
+        memo_ok = self.walk_memo
+        for key in keys:
+            walk = self._memo(key, len(key)) if memo_ok and type(key) is GrowingKeys else None
+            if walk is None:
+                self._apply_touches(bests)
+                bests = []
+                walk = self._match_walk(key)
+            bests.append(walk[1])
+        self._apply_touches(bests)
+
+    def _apply_touches(self, bests: list) -> None:
+        if not bests:
+            return
+        root = self.root
+        if self.swa_tree:
+            limit = self.window_tokens + self.ps if self.window_aware else math.inf
+            chain, seen, ps = [], set(), self.ps
+            for node in reversed(bests):
+                acc, cur = 0, node
+                while cur is not root and acc < limit:
+                    if cur.swa is not None and cur not in seen:
+                        seen.add(cur)
+                        chain.append(cur)
+                    acc += len(cur.key) * ps
+                    cur = cur.parent
+            if chain:
+                self.swa_lru.move_chain_to_mru(chain)
+        ticks = [self.tick() for _ in bests]  # one per touch, as ``touch`` takes them
+        dev, host = self.device_leaves, self.host_leaves
+        stamped = set()
+        leaves = []
+        for i in range(len(bests) - 1, -1, -1):
+            t, node = ticks[i], bests[i]
+            while node is not None and node not in stamped:
+                stamped.add(node)
+                node.last_access = t
+                t -= 1e-5
+                if node in dev or node in host:
+                    leaves.append(node)
+                node = node.parent
+        for node in leaves:
+            self._touch_leaf(node)
+
     def _match_walk(self, key: list[int], limit: int | None = None) -> tuple:
         """The walk of ``match``: (FULL values, best node, best device node, device chunks,
         FULL-hit pages). Mutates: splits."""
@@ -114,20 +187,9 @@ class MatchMixin:
             verified = key.verified
             if self.walk_memo:
                 version = self.version
-                memo = key.walks.get(n)
-                if memo is not None and memo[0] is self:
-                    taken = memo[1]
-                    if taken != version:
-                        end = memo[4]
-                        if end is None or end.children.get(key[memo[5]]) is None:
-                            for x in memo[3]:
-                                if x.mod > taken:
-                                    break
-                            else:
-                                memo[1] = taken = version  # valid now: checked from here on
-                    if taken == version:
-                        self.walk_memo_hits += 1
-                        return memo[2]
+                memo = self._memo(key, n)
+                if memo is not None:
+                    return memo
         ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
         node, off = self.root, 0
         path = []  # the nodes whose own state the walk reads
