@@ -184,8 +184,12 @@ class Recorder(SegmentWriter, DrainLink):
                 return now[0]
 
             def set_clock(ts_ns: int) -> int:
-                t = now[0] = int(ts_ns)
-                mark((peek_count(seq), t))
+                # every row reads ``now[0]`` here: a mark only where it changes (a replay sets the
+                # clock at each step's end and again at the next step's begin, to the same value)
+                t = int(ts_ns)
+                if t != now[0]:
+                    now[0] = t
+                    mark((peek_count(seq), t))
                 return t
         else:
             def tick() -> int:

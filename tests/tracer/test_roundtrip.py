@@ -138,6 +138,19 @@ def test_manual_clock_is_deterministic(tmp_path):
     assert tr.table("sched").column("ts_ns").to_pylist() == [0, 1000, 2000, 3000, 4000]
 
 
+def test_a_repeated_manual_clock_leaves_one_mark(tmp_path):
+    # a replay sets the clock at a step's end and to the same value at the next step's begin:
+    # one mark, the same row stamps; a later change still stamps the rows after it
+    rec = tracer.start(tmp_path / "t", clock="manual", flush_interval_ms=60_000, poll_interval_ms=60_000)
+    for t in (1000, 1000, 1000, 2000, 2000, 1000):
+        tracer.set_clock(t)
+        tracer.pool(Pool.FULL, PoolOp.ALLOC, 1, 1)
+    assert [t for _s, t in rec.marks] == [1000, 2000, 1000]
+    tracer.stop()
+    tr = open_trace(tmp_path / "t")
+    assert tr.table("pool").column("ts_ns").to_pylist() == [1000, 1000, 1000, 2000, 2000, 1000]
+
+
 def test_set_clock_needs_manual_mode(tmp_path):
     import pytest
 
