@@ -118,8 +118,10 @@ class PrefillBudget:
                 - self.swa_offset)
 
     def has_capacity(self) -> bool:
-        ok = self.rem_total > 0 and self.rem_current > 0
-        return ok and (self.rem_swa > 0 if self.s.has_swa else True)
+        room = self._full_room()  # ``rem_total`` and ``rem_current`` on one reading
+        if not (room - self.total_offset > 0 and room - self.current_offset > 0):
+            return False
+        return self.rem_swa > 0 if self.s.has_swa else True
 
     def state(self) -> str:
         """``continue``, ``no_token`` or ``other`` (sglang ``budget_state``)."""
