@@ -101,6 +101,12 @@ def test_ttft_objective_and_early_stop(planned, small_workload, tmp_path, monkey
     one = plan(small_workload, tmp_path / "e1", kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=1)
     assert one.rows == [r | {"run": r["run"].replace("/e/", "/e1/")} for r in e.rows] and one.best == one.rows[0]
     assert max(r["prefix_hit_ratio"] for r in e.rows if r["feasible"]) >= 0.99 * e.attainable_hit_ratio
+    # the runs the stop killed or never started are resumed by a plan that runs every ratio
+    whole = plan(small_workload, tmp_path / "e", kv_gb=KV_GB, model="mellum-like-swa", ratios=RATIOS, jobs=2,
+                 early_stop=False)
+    assert [r["swa_full_tokens_ratio"] for r in whole.rows] == list(RATIOS)
+    assert all(r["status"] in ("ok", "stopped") for r in whole.rows) and whole.rows[0] == e.rows[0]
+    assert set(pl.read_parquet(tmp_path / "e" / "summary.parquet")["status"]) <= {"ok"}
 
 
 def test_a_budget_no_split_survives_says_so(small_workload, tmp_path):
