@@ -82,8 +82,9 @@ def test_tree_ops_real_json_has_ratio_keys(capsys):
         for key in (f"real_{op}_us", f"real_{op}_p90_us", f"ratio_{op}", f"ratio_{op}_p90"):
             assert out[key] > 0, key
         assert out[f"real_{op}_us"] == out["real_full_swa"][op]["median_us"]
+        # the bench rounds each ratio to 3 places: a small one is off by up to 5e-4 (CI: 0.046 for 0.04553)
         assert out[f"ratio_{op}"] == pytest.approx(
-            out["full_swa"][op]["median_us"] / out[f"real_{op}_us"], rel=1e-2)
+            out["full_swa"][op]["median_us"] / out[f"real_{op}_us"], rel=1e-2, abs=5.01e-4)
     assert out["real"]["tree_core"] == "rust"
     assert out["real"]["components"] == ["FULL", "SWA"]
     assert out["real"]["full_pool_tokens"] == out["real"]["swa_pool_tokens"] == 40 * 1024
