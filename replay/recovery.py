@@ -19,7 +19,6 @@ anything was (the CLI then exits 1).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,16 +123,6 @@ def recover(path: str | Path, *, force: bool = False) -> RecoveryReport:
     return RecoveryReport(str(root), segments, rows, torn, aside, lost, marked, live, stale)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process: alive
-        return True
-    return True
-
-
 def _remove_stale_temporaries(root: Path, ranks: list[int]) -> list[str]:
     """Remove the rank-file temporaries a recorder killed between writing and renaming left
     (``ranks/.rank=R.json.<pid>.tmp`` of a rank not recording, its writer's pid gone): the rank
@@ -142,7 +131,7 @@ def _remove_stale_temporaries(root: Path, ranks: list[int]) -> list[str]:
     for r in ranks:
         for p in sorted((root / _manifest.RANKS_DIR).glob(f".rank={r}.json.*.tmp")):
             pid = p.name[len(f".rank={r}.json."):-len(".tmp")]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not _manifest.pid_alive(int(pid)):
                 try:
                     p.unlink()
                     removed.append(str(p))

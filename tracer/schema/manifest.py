@@ -271,10 +271,20 @@ def rank_is_live(trace_dir: str | os.PathLike, rank: int, info: dict | None) -> 
     if info.get("host") not in (None, socket.gethostname()):
         return True  # another host's process: cannot tell, assume it runs
     try:
-        os.kill(int(info.get("pid", -1)), 0)
+        pid = int(info.get("pid", -1))
+    except (ValueError, TypeError, OverflowError):
+        return True
+    return pid_alive(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host may still run (one we may not signal counts as
+    running; a pid out of range counts as running, as nothing can be told of it)."""
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, TypeError, OverflowError):
+    except (PermissionError, OverflowError, ValueError):
         return True
     return True
 
