@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import struct
+import sys
 import threading
 import time
 
@@ -249,10 +250,19 @@ def _zero_pages(n: int):
     return m
 
 
-def peek_count(counter: itertools.count) -> int:
+def _peek_by_repr(counter: itertools.count) -> int:
     r = repr(counter)  # "count(N)" or "count(N, step)"
     end = r.find(",")
     return int(r[6 : end if end > 0 else -1])
+
+
+def _peek_by_reduce(counter: itertools.count) -> int:
+    return counter.__reduce__()[1][0]  # (count, (N,) or (N, step)): ~10x cheaper than the repr
+
+
+#: the next value ``next(counter)`` returns, without taking it (a replay marks each step's clock
+#: with it). ``itertools`` pickling is deprecated from Python 3.12 (gone in 3.14): the repr there.
+peek_count = _peek_by_reduce if sys.version_info < (3, 12) else _peek_by_repr
 
 
 def page_ids_column(side: list, n: int) -> pa.Array:

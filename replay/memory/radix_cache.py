@@ -171,9 +171,8 @@ class RadixCache:
             swa_branching_tokens=branching,
         )
         req.inserted_tokens = max(req.inserted_tokens, num_pages * ps)
-        path = tree.path_pages(result.last_node)
         lo = req.protected_tokens // ps
-        req.pages[lo:num_pages] = path[lo:num_pages]
+        req.pages[lo:num_pages] = tree.path_pages_from(result.last_node, lo)[:num_pages - lo]
         self._split_at_prompt(req, num_pages)
         old = req.lock
         req.lock = tree.lock(result.last_node)

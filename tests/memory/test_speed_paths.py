@@ -200,3 +200,23 @@ def test_growing_keys_memo_and_match_limit_decide_as_plain_lists(make_model, win
             assert a.evict(n, n if window else 0) == b.evict(n, n if window else 0)
     assert _tree_state(a) == _tree_state(b)
     assert sum(len(g.verified) for g in grown) > 5  # the memo was used
+
+
+def test_path_pages_from_is_the_tail_of_path_pages():
+    """A checkpoint copies only the path's pages past the request's protected prefix: the same
+    pages as the whole path sliced, for every cut, on random chains of nodes."""
+    from types import SimpleNamespace
+
+    from replay.memory.radix.tree import RadixTree
+
+    rng = random.Random(11)
+    for _ in range(500):
+        tree = SimpleNamespace(root=SimpleNamespace(full=None, parent=None))
+        node, nxt = tree.root, 1
+        for _ in range(rng.randint(0, 6)):
+            k = rng.randint(1, 5)
+            node = SimpleNamespace(full=list(range(nxt, nxt + k)), parent=node)
+            nxt += k
+        whole = RadixTree.path_pages(tree, node)
+        for lo in range(len(whole) + 3):
+            assert RadixTree.path_pages_from(tree, node, lo) == whole[lo:]

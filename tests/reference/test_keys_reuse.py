@@ -1,6 +1,6 @@
 """The reference backend's page keys, built the fast way (prompt tokens synthesized lazily, a
-slice at a time; the leading pages of a session's new turn adopted from its previous turn where
-their hash blocks are equal), are the keys of the whole token sequence hashed from scratch, for
+slice at a time; the leading pages of a new request adopted from its session's previous turn, or
+from the last request that began with the same hash block, where their hash blocks are equal), are the keys of the whole token sequence hashed from scratch, for
 every request of the bundled workloads at several page sizes, prompt and output pages both."""
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ def test_fast_keys_are_the_keys_of_the_whole_sequence(name, ps):
         reqs = list(be._active.values())
         adopted = 0
         for req in reqs:
-            adopted += len(req.keys.keys) > 0  # keys taken from the previous turn at arrival
+            adopted += len(req.keys.keys) > 0  # keys taken from an earlier request at arrival
             whole = PageKeys(be._synth._sequence(req.wreq, req.input_len), ps, list(req.plan))
             assert req.keys.up_to(req.input_len) == whole.up_to(req.input_len), req.rid
             req.output_ids.extend(req.plan)  # the output pages, as the decode appends them
             n = req.input_len + len(req.plan)
             assert req.keys.up_to(n) == whole.up_to(n), req.rid
     assert reqs
-    if name == "multi_turn" and ps % wl.hash_block_tokens == 0:
-        assert adopted > 0, "no turn adopted its previous turn's keys"
+    if name in ("multi_turn", "shared_prefix") and ps % wl.hash_block_tokens == 0:
+        assert adopted > 0, "no request adopted an earlier request's keys"
 
 
 def test_sequence_slice_is_the_slice_of_the_sequence():

@@ -206,3 +206,20 @@ def test_check_integrity_after_every_event(tmp_path):
     tracer.stop()
     rec.check_integrity()
     assert sum(rec.events_written.values()) - rec.events_written["drops"] + rec.drops.total == 200
+
+
+def test_peek_count_reads_the_next_value_without_taking_it():
+    """Both ways to peek a counter (the cheap pickle form where Python has it, the repr) agree,
+    for plain and stepped counters and past a C long, and neither advances the counter."""
+    import itertools
+
+    from tracer.buffers import _peek_by_reduce, _peek_by_repr, peek_count
+
+    ways = [_peek_by_repr, peek_count] + ([_peek_by_reduce] if sys.version_info < (3, 12) else [])
+    for start, step in ((0, 1), (1, 1), (41, 3), (2**40, 7), (2**70, 1)):  # (CPython fails at 2**63 - 1)
+        c = itertools.count(start, step)
+        for _ in range(3):
+            want = start
+            assert [peek(c) for peek in ways] == [want] * len(ways)
+            assert next(c) == want
+            start += step

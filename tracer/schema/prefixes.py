@@ -76,6 +76,14 @@ def synth_values(salt: int, rank: int, seqs, positions) -> np.ndarray:
         return fmix64(x ^ k)
 
 
+def prefix_slots() -> int:
+    """The prefix index size a recording process uses: ``KVTRACE_PREFIX_SLOTS`` (default
+    :data:`DEFAULT_SLOTS`; 0 stores every chain whole)."""
+    import os
+
+    return int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
+
+
 class PrefixIndex:
     """Streaming writer side: the longest earlier chain a prompt extends (fixed memory).
 

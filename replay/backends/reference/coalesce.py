@@ -184,6 +184,13 @@ class CoalesceMixin:
             m = head.match
             hit = (head.req.rid, m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens)
             left = [r.max_new_tokens - len(r.output_ids) for r in batch]  # outputs still to come
+            # one budget for the stretch, its reservation set per step (``check_prefill`` changes
+            # nothing); a fresh budget's state is ``other`` only when a prefill or chunk limit is
+            # not positive, and only then is it built and asked step by step, locks unset, as
+            # ``_new_prefill_batch`` asks it
+            budget = PrefillBudget.with_offset(model, s, 0.0)
+            budget.lock_full, budget.lock_swa = lock_full, lock_swa
+            other_possible = budget.rem_input <= 0 or budget.rem_chunk <= 0
         eic_head = head is not None and self._eic
         # the requests' lengths, decode indices and output ids lag ``ran - flushed`` steps behind
         # inside the stretch (``_catch_up``); what reads them here adds the lag
@@ -208,11 +215,10 @@ class CoalesceMixin:
                 # ``PrefillBudget.__init__``'s reservation, term by term and in batch order, on the
                 # output lengths this step would see (``ran`` tokens appended since ``left``)
                 ratio = self.ratio.current
-                budget = PrefillBudget.with_offset(
-                    model, s, sum([min(d - ran, CLIP_MAX_NEW_TOKENS) * ratio for d in left]))
-                if budget.state() == "other":
+                offset = sum([min(d - ran, CLIP_MAX_NEW_TOKENS) * ratio for d in left])
+                if other_possible and PrefillBudget.with_offset(model, s, offset).state() == "other":
                     break
-                budget.lock_full, budget.lock_swa = lock_full, lock_swa
+                budget.total_offset = offset
                 ok = budget.check_prefill(head.extend, head.total, head.max_new, head.swa_host_hit,
                                           budget.rem_chunk)[0]
                 if ok:

@@ -31,10 +31,12 @@ from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
 from tracer.schema import CacheOp, Mode, RequestEvent, SchedKind
+from tracer.schema.prefixes import PrefixIndex, prefix_slots
 
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000
 _STEP = int(SchedKind.STEP)
+_ARRIVAL = int(RequestEvent.ARRIVAL)
 _MODE_IDS = {"idle": int(Mode.IDLE), "prefill": int(Mode.PREFILL), "decode": int(Mode.DECODE)}
 
 
@@ -68,6 +70,12 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
         self._session_keys: dict[int, tuple] = {}  # session -> (its last arrived turn, that turn's PageKeys)
+        # first hash block -> the rid of the last request that begins with it (blocks that begin
+        # two or more requests), and -> (the last such request arrived, its PageKeys)
+        self._first_block_last = _shared_first_blocks(self.workload.requests)
+        self._first_block_keys: dict[int, tuple] = {}
+        self._prefixes = PrefixIndex(prefix_slots())  # the arrival rows' storage form (schema 1.1)
+        self._prefixes.ids.fill(0)  # touched now, not by the first arrivals
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
@@ -139,8 +147,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         tracer.set_clock(self.clock_ns)
         self._sample(record)
         self.forward_ct += 1
-        record = StepRecord(record.forward_ct, record.mode, record.batch_size, record.num_tokens, record.step_ns,
-                            record.clock_ns, record.num_retracted, perf_counter_ns() - t0)
+        record.cpu_ns = perf_counter_ns() - t0  # the record is this step's own, not yet handed out
         if self.observer is not None:
             self.observer.on_step(record, self)
         if self.check_integrity_every and self.forward_ct % self.check_integrity_every == 0:
@@ -166,11 +173,13 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             prompt = LazyPrompt(self._synth, wreq, int(wreq.input_len))
             req = RefReq(wreq, prompt, self._synth.output_ids(wreq), s.page_size,
                          self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)))
-            self._adopt_session_prefix(req, wreq)
+            self._adopt_prefix_keys(req, wreq)
             self._active[req.rid] = req
-            tracer.request(int(RequestEvent.ARRIVAL), req.rid, int(wreq.session_id), int(wreq.turn),
-                           req.input_len, int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid),
-                           _int_list(wreq.page_hashes))
+            # shared prefixes written once, as the hooks write a declared prompt's arrival
+            prefix_rid, prefix_blocks, new = self._prefixes.encode(req.rid, wreq.page_hashes, chained=False)
+            tracer.request(_ARRIVAL, req.rid, int(wreq.session_id), int(wreq.turn), req.input_len,
+                           int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid), new, prefix_rid,
+                           prefix_blocks)
             if self._too_long(wreq):
                 self._complete(req, "too_long")
             else:
@@ -181,17 +190,35 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         empty full pool."""
         return wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens
 
-    def _adopt_session_prefix(self, req: RefReq, wreq) -> None:
-        """Reuse the page keys of the session's previous turn for the leading pages whose hash
-        blocks are the same (equal blocks are equal tokens, so equal keys): a new turn hashes and
-        synthesizes only what is new. The session's entry is dropped at its last turn."""
+    def _adopt_prefix_keys(self, req: RefReq, wreq) -> None:
+        """Reuse the page keys of an earlier request for the leading pages whose hash blocks are
+        the same (equal blocks are equal tokens, so equal keys): a new request hashes and
+        synthesizes only what is new. The sources: the session's previous turn, and the last
+        request that began with the same hash block (a shared system prompt across sessions),
+        whichever shares more pages. A session's entry is dropped at its last turn, a first
+        block's at the last request that begins with it."""
+        bt, ps = self._synth.block_tokens, self.settings.page_size
         sid = int(wreq.session_id)
+        src, pages = None, 0
+        prev = self._session_keys.get(sid) if sid >= 0 else None
+        if prev is not None:
+            src, pages = prev[1], _shared_block_pages(prev[0], wreq, bt, ps)
+        first = int(wreq.page_hashes[0]) if len(wreq.page_hashes) else None
+        last = self._first_block_last.get(first)
+        if last is not None:
+            other = self._first_block_keys.get(first)
+            if other is not None:
+                n = _shared_block_pages(other[0], wreq, bt, ps)
+                if n > pages:
+                    src, pages = other[1], n
+            if last == wreq.rid:
+                self._first_block_keys.pop(first, None)
+            else:
+                self._first_block_keys[first] = (wreq, req.keys)
+        if src is not None:
+            req.keys.adopt(src, pages)
         if sid < 0:
             return
-        prev = self._session_keys.get(sid)
-        if prev is not None:
-            req.keys.adopt(prev[1], _shared_block_pages(prev[0], wreq, self._synth.block_tokens,
-                                                        self.settings.page_size))
         if wreq.rid in self._synth._next_turn:
             self._session_keys[sid] = (wreq, req.keys)
         else:
@@ -372,6 +399,19 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
 
 
+def _shared_first_blocks(requests) -> dict[int, int]:
+    """First hash block -> the rid of the last request (in arrival order) that begins with it, for
+    the blocks that begin two or more requests."""
+    last: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for r in requests:
+        if len(r.page_hashes):
+            h = int(r.page_hashes[0])
+            last[h] = r.rid
+            count[h] = count.get(h, 0) + 1
+    return {h: rid for h, rid in last.items() if count[h] > 1}
+
+
 def _shared_block_pages(a, b, block_tokens: int, ps: int) -> int:
     """Leading whole pages of ``a``'s and ``b``'s prompts that lie in equal hash blocks (0 when a
     page is not a whole number of blocks)."""
@@ -385,11 +425,6 @@ def _shared_block_pages(a, b, block_tokens: int, ps: int) -> int:
         return 0
     diff = np.flatnonzero(np.asarray(ha[:n]) != np.asarray(hb[:n]))
     return (int(diff[0]) if len(diff) else n) // per
-
-
-def _int_list(xs) -> list[int]:
-    """Python ints of a numpy array or a sequence."""
-    return xs.tolist() if hasattr(xs, "tolist") else [int(x) for x in xs]
 
 
 __all__ = ["ReferenceBackend", "RefReq"]

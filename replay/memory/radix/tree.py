@@ -351,6 +351,28 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
             out.extend(chunk)
         return out
 
+    def path_pages_from(self, node: Node, lo: int) -> list[int]:
+        """``path_pages(node)[lo:]``, copying only the nodes that hold those pages (a
+        checkpoint replaces only the pages past what the request already had in the tree)."""
+        chunks, depth = [], 0
+        cur = node
+        while cur is not self.root:
+            if cur.full is None:
+                raise MemoryModelError(f"path_pages: {cur} is not on device")
+            chunks.append(cur.full)
+            depth += len(cur.full)
+            cur = cur.parent
+        pos, need = depth, []  # ``chunks`` is leaf first: keep those that end after ``lo``
+        for chunk in chunks:
+            if pos <= lo:
+                break
+            pos -= len(chunk)
+            need.append(chunk)
+        out: list[int] = []
+        for chunk in reversed(need):
+            out.extend(chunk)
+        return out[lo - pos:] if lo > pos else out
+
     def node_tokens(self, node: Node) -> int:
         """Tokens in ``node``'s key."""
         return len(node.key) * self.ps

@@ -30,7 +30,7 @@ import numpy as np
 import tracer
 from tracer.schema import RequestEvent
 from tracer.schema.hashing import page_hashes_from_tokens
-from tracer.schema.prefixes import DEFAULT_SLOTS, PrefixIndex
+from tracer.schema.prefixes import PrefixIndex, prefix_slots
 from tracer.sglang.runtime import state
 
 ARRIVAL, FINISH, ABORT = int(RequestEvent.ARRIVAL), int(RequestEvent.FINISH), int(RequestEvent.ABORT)
@@ -107,8 +107,7 @@ def prefix_index() -> PrefixIndex:
 def _new_index(rec) -> None:
     """A new recording's prefix index, its table touched now: left to the first arrivals, the
     page faults of its lazily mapped table cost ~10 ms of the first requests' steps."""
-    slots = int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
-    index = PrefixIndex(slots)
+    index = PrefixIndex(prefix_slots())
     index.ids.fill(0)
     _Prefixes.recorder, _Prefixes.index = rec, index
 
