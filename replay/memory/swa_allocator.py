@@ -13,9 +13,7 @@ the same pages.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
 
 from replay.memory.allocator import DeviceAllocator, num_new_pages
 from replay.memory.results import IntegrityError, MemoryModelError
@@ -127,7 +125,9 @@ class SWAKVPools(PlainKVPools):
     # ---- allocation --------------------------------------------------------------------
 
     def _map(self, full_pages: Sequence[int], swa_pages: Sequence[int]) -> None:
-        deque(map(self.mapping.__setitem__, full_pages, swa_pages), maxlen=0)  # a C-level loop
+        mapping = self.mapping
+        for f, s in zip(full_pages, swa_pages):
+            mapping[f] = s
 
     def alloc_extend_pages(self, prefix_lens, seq_lens) -> list[list[int]] | None:
         """Lockstep extend: one ``num_new_pages`` on both sides, then ``mapping[full] = swa``.
@@ -224,13 +224,15 @@ class SWAKVPools(PlainKVPools):
         Mutates: the mapping, the SWA free list (or its open group).
         """
         mapping, out, freed = self.mapping, [], 0
-        get, put = mapping.__getitem__, mapping.__setitem__
         for chunk in chunks:
-            live = list(map(get, chunk))  # C-level loops: a chunk is up to a whole sequence's pages
-            if 0 in live:
-                self.num_unmapped_swa_frees += live.count(0)
-                live = [s for s in live if s]
-            deque(map(put, chunk, repeat(0)), maxlen=0)
+            live = []
+            for f in chunk:
+                s = mapping[f]
+                if s:
+                    live.append(s)
+                    mapping[f] = 0
+                else:
+                    self.num_unmapped_swa_frees += 1
             out.append(live)
             freed += len(live)
         self.swa.free_page_chunks(out)
@@ -243,11 +245,12 @@ class SWAKVPools(PlainKVPools):
             MemoryModelError: when a page still has an SWA peer (it would be stranded).
         Mutates: the full free list.
         """
-        get = self.mapping.__getitem__
+        mapping = self.mapping
         for chunk in chunks:
-            if list(map(get, chunk)).count(0) != len(chunk):
-                raise MemoryModelError("full free of a page that still has an SWA peer "
-                                       "(free SWA first)")
+            for f in chunk:
+                if mapping[f]:
+                    raise MemoryModelError("full free of a page that still has an SWA peer "
+                                           "(free SWA first)")
         self.full.free_page_chunks(chunks)
 
     def free_group_begin(self) -> None:
