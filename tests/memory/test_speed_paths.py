@@ -204,7 +204,8 @@ def test_growing_keys_memo_and_match_limit_decide_as_plain_lists(make_model, win
 
 def test_path_pages_from_is_the_tail_of_path_pages():
     """A checkpoint copies only the path's pages past the request's protected prefix: the same
-    pages as the whole path sliced, for every cut, on random chains of nodes."""
+    pages as the whole path sliced, for every cut, on random chains of nodes (``path_pages`` is
+    the cut at 0)."""
     from types import SimpleNamespace
 
     from replay.memory.radix.tree import RadixTree
@@ -217,6 +218,9 @@ def test_path_pages_from_is_the_tail_of_path_pages():
             k = rng.randint(1, 5)
             node = SimpleNamespace(full=list(range(nxt, nxt + k)), parent=node)
             nxt += k
-        whole = RadixTree.path_pages(tree, node)
+        whole, cur = [], node  # the path's pages, root first, gathered the plain way
+        while cur is not tree.root:
+            whole[:0] = cur.full
+            cur = cur.parent
         for lo in range(len(whole) + 3):
             assert RadixTree.path_pages_from(tree, node, lo) == whole[lo:]

@@ -34,3 +34,22 @@ def test_arrival_rows_store_shared_prefixes_once_and_read_back_whole(tmp_path):
     for r in rows:
         assert r["prefix_rid"] == -1 and r["prefix_blocks"] == 0
         assert np.array_equal(np.asarray(r["page_hashes"], np.uint64), np.asarray(wl[r["rid"]].page_hashes, np.uint64))
+
+
+def test_a_bad_prefix_slots_setting_falls_back_with_one_warning(monkeypatch, caplog):
+    """``KVTRACE_PREFIX_SLOTS`` of any value builds an index: not an integer or negative gives the
+    default, a huge one the cap, each said once in the log; 0 turns referencing off."""
+    import logging
+
+    from tracer.schema import prefixes as px
+
+    monkeypatch.setattr(px, "_warned", set())
+    cases = {"abc": px.DEFAULT_SLOTS, "-5": px.DEFAULT_SLOTS, "1.5": px.DEFAULT_SLOTS, "": px.DEFAULT_SLOTS,
+             str(10**12): px.MAX_SLOTS, "0": 0, "1000": 1024}
+    with caplog.at_level(logging.WARNING, logger="kvtrace"):
+        for raw, want in cases.items():
+            monkeypatch.setenv("KVTRACE_PREFIX_SLOTS", raw)
+            assert px.new_prefix_index().num_slots == want, raw
+        px.new_prefix_index()  # the same bad value again: no second line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4 and all("KVTRACE_PREFIX_SLOTS" in m for m in lines), lines

@@ -37,6 +37,9 @@ numpy, pyarrow and the standard library only (runs inside the server).
 
 from __future__ import annotations
 
+import logging
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,12 +79,39 @@ def synth_values(salt: int, rank: int, seqs, positions) -> np.ndarray:
         return fmix64(x ^ k)
 
 
-def prefix_slots() -> int:
-    """The prefix index size a recording process uses: ``KVTRACE_PREFIX_SLOTS`` (default
-    :data:`DEFAULT_SLOTS`; 0 stores every chain whole)."""
-    import os
+MAX_SLOTS = 1 << 26  # 1 GiB of table (16 bytes a slot): a larger ``KVTRACE_PREFIX_SLOTS`` is capped
 
-    return int(os.environ.get("KVTRACE_PREFIX_SLOTS", DEFAULT_SLOTS))
+
+def new_prefix_index() -> PrefixIndex:
+    """A recording process's prefix index of ``KVTRACE_PREFIX_SLOTS`` slots (default
+    :data:`DEFAULT_SLOTS`, at most :data:`MAX_SLOTS`; 0 stores every chain whole; a value that is
+    not a non-negative integer gives the default, logged once), its table touched now: left to
+    the first arrivals, the page faults of a lazily mapped table cost ~10 ms of their steps."""
+    raw = os.environ.get("KVTRACE_PREFIX_SLOTS", "")
+    slots = DEFAULT_SLOTS
+    if raw.strip():
+        try:
+            slots = int(raw)
+            if slots < 0:
+                raise ValueError
+        except ValueError:
+            slots = DEFAULT_SLOTS
+            _warn_once(f"KVTRACE_PREFIX_SLOTS={raw!r} is not a non-negative integer; using {DEFAULT_SLOTS}")
+        if slots > MAX_SLOTS:
+            _warn_once(f"KVTRACE_PREFIX_SLOTS={raw!r} is above {MAX_SLOTS}; using {MAX_SLOTS}")
+            slots = MAX_SLOTS
+    index = PrefixIndex(slots)
+    index.ids.fill(0)
+    return index
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        logging.getLogger("kvtrace").warning("kvtrace: %s", msg)
 
 
 class PrefixIndex:

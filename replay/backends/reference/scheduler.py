@@ -31,7 +31,7 @@ from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
 from tracer.schema import CacheOp, Mode, RequestEvent, SchedKind
-from tracer.schema.prefixes import PrefixIndex, prefix_slots
+from tracer.schema.prefixes import new_prefix_index
 
 _UNSCHEDULABLE_AFTER_IDLE_STEPS = 3
 _STALLED_AFTER_IDLE_STEPS = 1000
@@ -74,8 +74,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         # two or more requests), and -> (the last such request arrived, its PageKeys)
         self._first_block_last = _shared_first_blocks(self.workload.requests)
         self._first_block_keys: dict[int, tuple] = {}
-        self._prefixes = PrefixIndex(prefix_slots())  # the arrival rows' storage form (schema 1.1)
-        self._prefixes.ids.fill(0)  # touched now, not by the first arrivals
+        self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0

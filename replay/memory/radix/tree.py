@@ -340,20 +340,14 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def path_pages(self, node: Node) -> list[int]:
         """Device full pages from the root down to ``node`` (all must be on device)."""
-        chunks = []
-        while node is not self.root:
-            if node.full is None:
-                raise MemoryModelError(f"path_pages: {node} is not on device")
-            chunks.append(node.full)
-            node = node.parent
-        out: list[int] = []
-        for chunk in reversed(chunks):
-            out.extend(chunk)
-        return out
+        return self.path_pages_from(node, 0)
 
     def path_pages_from(self, node: Node, lo: int) -> list[int]:
         """``path_pages(node)[lo:]``, copying only the nodes that hold those pages (a
-        checkpoint replaces only the pages past what the request already had in the tree)."""
+        checkpoint replaces only the pages past what the request already had in the tree).
+
+        Raises:
+            MemoryModelError: a node on the path is not on device."""
         chunks, depth = [], 0
         cur = node
         while cur is not self.root:

@@ -30,7 +30,7 @@ import numpy as np
 import tracer
 from tracer.schema import RequestEvent
 from tracer.schema.hashing import page_hashes_from_tokens
-from tracer.schema.prefixes import PrefixIndex, prefix_slots
+from tracer.schema.prefixes import PrefixIndex, new_prefix_index
 from tracer.sglang.runtime import state
 
 ARRIVAL, FINISH, ABORT = int(RequestEvent.ARRIVAL), int(RequestEvent.FINISH), int(RequestEvent.ABORT)
@@ -105,11 +105,8 @@ def prefix_index() -> PrefixIndex:
 
 
 def _new_index(rec) -> None:
-    """A new recording's prefix index, its table touched now: left to the first arrivals, the
-    page faults of its lazily mapped table cost ~10 ms of the first requests' steps."""
-    index = PrefixIndex(prefix_slots())
-    index.ids.fill(0)
-    _Prefixes.recorder, _Prefixes.index = rec, index
+    """A new recording's prefix index (``new_prefix_index``)."""
+    _Prefixes.recorder, _Prefixes.index = rec, new_prefix_index()
 
 
 state.S.new_recording_listeners.append(_new_index)
