@@ -67,7 +67,6 @@ to server by ~100 us/step at a load of 15-20: it resolves ``pages``, not the 5-2
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import statistics

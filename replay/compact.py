@@ -38,7 +38,7 @@ from replay.errors import KvtraceError
 from replay.outdir import check_new_dir
 from tracer.schema import REQUEST, SCHEMA_VERSION
 from tracer.schema.hashing import chain, fmix64
-from tracer.schema.manifest import read_manifest, update_manifest
+from tracer.schema.manifest import update_manifest
 from tracer.schema.prefixes import SALT_META, encode_chains, expand_request_table
 from tracer.schema.storage import to_stored, write_parquet
 

@@ -19,13 +19,10 @@ Only this module imports ``tracer.sglang``'s autoload helpers; nothing here impo
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 

@@ -7,6 +7,8 @@ import pytest
 # the xdist work units of make test: a module or an xdist_group on one worker (see the module)
 from tests.xdist_groups import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: F401
 
+__all__ = ["pytest_collection_modifyitems", "pytest_xdist_make_scheduler"]  # the hooks above, used by pytest
+
 
 @pytest.fixture(autouse=True)
 def _no_recorder_leak():

@@ -50,7 +50,7 @@ UNIT_SECONDS: dict[str, float] = {
     "fork-capture-scheduler": 117.9,  # alone
     "tests/runs/test_sweep.py": 106.2,
     "tests/sglang/test_scheduler_agreement.py": 97.7,  # alone
-    "tests/runs/test_sweep_zygote.py": 80.0,
+    "tests/runs/test_sweep_zygote.py": 125.0,
     "fork-dsv4-differential": 74.9,
     "tests/cli/test_terminal.py": 73.5,
     "tests/differential/test_backends_agree.py": 64.1,  # alone

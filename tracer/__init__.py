@@ -39,7 +39,10 @@ from tracer.schema import (  # noqa: F401  (re-exported enums)
     Verdict,
 )
 
-__all__ = ["start", "stop", "is_active", "active", "tick", "set_clock", "flush", *EMIT_NAMES, "RecorderOptions"]
+__all__ = ["start", "stop", "is_active", "active", "tick", "set_clock", "flush", *EMIT_NAMES, "RecorderOptions",
+           # re-exported from tracer.schema
+           "SCHEMA_VERSION", "CacheOp", "DropReason", "Mode", "Pool", "PoolOp", "RequestEvent", "SchedKind",
+           "Verdict"]
 
 log = logging.getLogger("kvtrace.tracer")
 _lock = threading.Lock()

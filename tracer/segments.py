@@ -82,3 +82,7 @@ class StreamSegment:
         return convert_segment(self.path, self.fam, row_group_rows=1 << 18, between_steps=between_steps)
 
 
+__all__ = ["MESSAGE_ROWS", "StreamSegment",
+           # re-exported from tracer.schema.storage (the recorder writes the drops table through this module)
+           "ARROW_POOL", "OPEN_SUFFIX", "convert_segment", "family_dir", "next_part_index", "part_name",
+           "recover_segment", "write_family_table"]

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from replay.cli.text import force_out
-from replay.console import third_party_to_log
-from replay.models import PRESETS
+from replay.cli.grid import grid_options, run_grid
 
 
 @click.command("capacity")
@@ -24,17 +20,8 @@ from replay.models import PRESETS
 @click.option("--full-pool-tokens", type=int, default=None, help="Fixed full pool (default: the source's).")
 @click.option("--swa-pool-tokens", type=int, default=None, help="Fixed SWA pool (default: the source's).")
 @click.option("--host-pool-tokens", type=int, default=None, help="Fixed host pool (default: the source's, 0 = none).")
-@click.option("--policy", default="recorded", show_default=True, help="Preset every size replays under.")
-@click.option("--model", default=None, metavar="NAME",
-              help="Model preset giving the pools' bytes per token (needed when the trace records none): "
-                   + ", ".join(PRESETS) + " (docs/capacity.md).")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Sweep directory (re-running resumes; more sizes may be added) plus capacity.json.")
-@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Replays at a time.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--force", is_flag=True, help="Start over: remove --out first if it holds a kvtrace sweep.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (config, rows, notes).")
+@grid_options("size", "Sweep directory (re-running resumes; more sizes may be added) plus capacity.json.",
+              "Print one JSON object (config, rows, notes).")
 def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, min_tokens: int | None,
                  max_tokens: int | None, full_pool_tokens: int | None, swa_pool_tokens: int | None,
                  host_pool_tokens: int | None, policy: str, model: str | None, out: str, jobs: int, executor: str,
@@ -47,7 +34,6 @@ def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, 
     locks and admission), hence the replays; the full pool's one-pass LRU hit ratio is shown
     beside them as the fast bound (docs/capacity.md, "Capacity curves").
     """
-    from replay.record import signals_as_interrupts
     from replay.runs.capacity import capacity_sweep
     from replay.runs.summary import RunError
 
@@ -58,17 +44,11 @@ def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, 
         parsed = [s.strip() for s in sizes.split(",") if s.strip()]
         if not parsed:
             raise RunError(f"--sizes {sizes!r}: expected token counts, e.g. 8192,16384,32768")
-    force_out(out, force, check=False, inputs=(source,))
-    with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=False):
-        res = capacity_sweep(source, out, pool=pool, sizes_tokens=parsed, points=points, min_tokens=min_tokens,
-                             max_tokens=max_tokens, full_pool_tokens=full_pool_tokens,
-                             swa_pool_tokens=swa_pool_tokens, host_pool_tokens=host_pool_tokens, policy=policy,
-                             model=model, jobs=jobs, executor=executor, progress=not (quiet or as_json))
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), default=str))
-    else:
-        for line in capacity_lines(res):
-            click.echo(line)
+    res = run_grid(source, out, force, lambda: capacity_sweep(
+        source, out, pool=pool, sizes_tokens=parsed, points=points, min_tokens=min_tokens, max_tokens=max_tokens,
+        full_pool_tokens=full_pool_tokens, swa_pool_tokens=swa_pool_tokens, host_pool_tokens=host_pool_tokens,
+        policy=policy, model=model, jobs=jobs, executor=executor, progress=not (quiet or as_json)),
+        as_json, capacity_lines)
     if all(r["status"] != "ok" for r in res.rows):
         raise SystemExit(1)
 

@@ -98,7 +98,7 @@ def launch(out: Path, detail: str, flush_ms: int, hash_block_tokens: int, force:
     click.echo(f"kvtrace launch: server exited with {rc}; {len(ranks)} recording process(es) "
                f"in {out}; trace state {state}", err=True)
     if state == "uncovered" and rc == 0:
-        click.echo(f"kvtrace launch: the trace is uncovered (nothing recorded: no known target "
+        click.echo("kvtrace launch: the trace is uncovered (nothing recorded: no known target "
                    "or hook coverage; `kvtrace inspect " + str(out) + "` lists why, `kvtrace "
                    "hooks check` each hook); exiting 3", err=True)
         sys.exit(UNCOVERED_EXIT)

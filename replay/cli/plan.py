@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from replay.cli.text import force_out
-from replay.console import third_party_to_log
-from replay.models import PRESETS
+from replay.cli.grid import grid_options, run_grid
 
 
 @click.command("plan")
@@ -19,14 +15,6 @@ from replay.models import PRESETS
               help="What the best split maximizes (prefix-hit ratio) or minimizes (TTFT p99).")
 @click.option("--ratios", default=None, metavar="R1,R2,...",
               help="swa_full_tokens_ratio values to try (default: 13 values from 0.02 to 1.0).")
-@click.option("--policy", default="recorded", show_default=True, help="Preset every split replays under.")
-@click.option("--model", default=None, metavar="NAME",
-              help="Model preset giving the pools' bytes per token (needed when the trace records none): "
-                   + ", ".join(PRESETS) + " (docs/capacity.md).")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Plan directory: a sweep (re-running resumes) plus plan.json.")
-@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Replays at a time.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--confirm", is_flag=True,
               help="Re-run the winner and its two neighbours on the real sglang backend (~8x real time here).")
 @click.option("--no-early-stop", is_flag=True,
@@ -35,9 +23,8 @@ from replay.models import PRESETS
 @click.option("--run-infeasible", is_flag=True,
               help="Replay an infeasible split to its end (default: its replay ends at its first retraction or "
                    "abort, which already rules it out; reference backend).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--force", is_flag=True, help="Start over: remove --out first if it holds a kvtrace sweep.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the plan).")
+@grid_options("split", "Plan directory: a sweep (re-running resumes) plus plan.json.",
+              "Print one JSON object (the plan).")
 def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, ratios: str | None, policy: str,
              model: str | None, out: str, jobs: int, executor: str, confirm: bool, no_early_stop: bool,
              run_infeasible: bool, quiet: bool, force: bool, as_json: bool) -> None:
@@ -50,7 +37,6 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
     best each did worse than the one before (docs/capacity.md). Exit 1 when
     no split is feasible at the budget.
     """
-    from replay.record import signals_as_interrupts
     from replay.runs.plan import plan
     from replay.runs.summary import RunError
 
@@ -58,17 +44,10 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
         rs = [float(x) for x in ratios.split(",") if x.strip()] if ratios else None
     except ValueError:
         raise RunError(f"--ratios {ratios!r}: expected numbers, e.g. 0.1,0.2,0.5") from None
-    force_out(out, force, check=False, inputs=(source,))
-    with signals_as_interrupts(), third_party_to_log(f"{out}/sglang.log", verbose=False):
-        res = plan(source, out, kv_gb=kv_gb, host_gb=host_gb, objective=objective, ratios=rs, policy=policy,
-                   model=model, jobs=jobs, executor=executor, confirm=confirm, early_stop=not no_early_stop,
-                   stop_infeasible=not run_infeasible,
-                   progress=not (quiet or as_json))
-    if as_json:
-        click.echo(json.dumps(res.to_dict(), default=str))
-    else:
-        for line in plan_lines(res):
-            click.echo(line)
+    res = run_grid(source, out, force, lambda: plan(
+        source, out, kv_gb=kv_gb, host_gb=host_gb, objective=objective, ratios=rs, policy=policy, model=model,
+        jobs=jobs, executor=executor, confirm=confirm, early_stop=not no_early_stop,
+        stop_infeasible=not run_infeasible, progress=not (quiet or as_json)), as_json, plan_lines)
     if res.best is None:  # nothing to recommend: a script must not take the plan for an answer
         raise SystemExit(1)
 

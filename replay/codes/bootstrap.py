@@ -14,6 +14,7 @@ python dir and its overlay (see :mod:`replay.codes.runner`):
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -55,7 +56,7 @@ def bootstrap(*, host_noops: bool = True) -> CodeBootstrapInfo:
         from replay.codes import kernels
 
         stubbed = install_stubs()
-        import triton.runtime  # noqa: F401  (before sglang: fla/utils.py reads triton.runtime.driver)
+        importlib.import_module("triton.runtime")  # before sglang: fla/utils.py reads triton.runtime.driver
         import sglang
 
         expected = os.environ.get("KVTRACE_CODE_PYTHON")

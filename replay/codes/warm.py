@@ -34,7 +34,7 @@ import sys
 import threading
 from pathlib import Path
 
-from replay.procs import die_with_parent, wait_readable
+from replay.procs import die_with_parent, ignore_sigint, sigint_env, wait_readable
 
 #: modules a fork run imports; imported once by the warm parent (missing ones are skipped)
 PRELOAD = ("sglang.srt.managers.scheduler", "sglang.srt.mem_cache.allocator",
@@ -65,7 +65,7 @@ class WarmCode:
     def __init__(self, environ: dict[str, str]) -> None:
         self._lock = threading.Lock()
         self.proc = subprocess.Popen([sys.executable, "-m", "replay.codes.warm"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environ,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=sigint_env(dict(environ)),
                                      text=True, bufsize=1)
         line = self.proc.stdout.readline()
         if not line:
@@ -153,10 +153,16 @@ def close_all() -> None:
 
 
 # ------------------------------------------------------------------ the warm process itself
+#: the SIGINT handler of each forked child (``serve`` sets it: ``replay.procs.ignore_sigint``)
+_CHILD_SIGINT = signal.default_int_handler
+
+
 def _child(msg: dict, parent: int) -> None:
     code = 1
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Ctrl-C stops the run, unless the caller ignores SIGINT (a background job of a script):
+        # then the run ignores it too, as a process the caller started itself would
+        signal.signal(signal.SIGINT, _CHILD_SIGINT)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         die_with_parent(signal.SIGKILL)
         if os.getppid() != parent:
@@ -191,7 +197,8 @@ def serve() -> int:
     """The warm process: bootstrap, preload, then one forked child per call line."""
     import importlib
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _CHILD_SIGINT
+    _CHILD_SIGINT = ignore_sigint()
     out = os.fdopen(os.dup(1), "w")  # the protocol's own fd: nothing an import prints lands there
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -95,7 +95,7 @@ def _overcounted(st, cache) -> list[dict]:
     ts, seq = st.ts_ns[m], st.seq[m]
     end = int(ts[-1])
     ins = np.flatnonzero((cache["op"] == INSERT) & (cache["rid"] >= 0))
-    ins_seq, ins_rid, ins_ts = cache["seq"][ins], cache["rid"][ins], cache["ts_ns"][ins]
+    ins_seq, ins_rid = cache["seq"][ins], cache["rid"][ins]
     drop = np.diff(gap, prepend=0)
     out: dict[int, dict] = {}
     for i in np.flatnonzero(drop < 0):

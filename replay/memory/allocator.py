@@ -137,6 +137,11 @@ class DeviceAllocator:
         """Free slots, staged ones included."""
         return (len(self._rev) + self.num_staged_pages) * self.page_size
 
+    def free_list_pages(self) -> int:
+        """Pages on the free list itself (staged ones excluded): what ``take_free_pages`` can take
+        without a merge."""
+        return len(self._rev)
+
     def used_tokens(self) -> int:
         """Slots not available (in the tree, in requests or pending in a free group)."""
         return self.capacity_tokens - self.available_tokens()
@@ -190,6 +195,10 @@ class DeviceAllocator:
         if self.emit is not None:
             self.emit(self.pool_code, _ALLOC, -1, n * self.page_size, n)
         return out
+
+    #: ``_take_list`` for callers that checked ``free_list_pages() >= n`` (the decode coalescer:
+    #: the free list's head pages, in order, emitted as one ``pool`` alloc row; no merge)
+    take_free_pages = _take_list
 
     def alloc_page_list(self, num_pages: int) -> list[int] | None:
         """Take ``num_pages`` pages from the head (None when short, nothing taken).

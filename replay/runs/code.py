@@ -40,8 +40,7 @@ import re
 import shutil
 import tempfile
 import threading
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from replay import knobs

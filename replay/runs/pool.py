@@ -36,7 +36,9 @@ ZYGOTE_START_TIMEOUT_S = 600.0
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    from replay.procs import sigint_env
+
+    return sigint_env(dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
 
 
 class ColdLauncher:

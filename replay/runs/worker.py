@@ -16,9 +16,12 @@ and its summary figures), ``record_s`` (the run alone, the summary's ``wall_s``)
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
+
+from replay.procs import caller_ignores_sigint
 
 #: sglang modules a run of the real backend imports (lazily, inside ``record_run``): a warm
 #: zygote imports them once so its children do not. A name sglang lacks is skipped.
@@ -46,8 +49,8 @@ def preload(backend: str = "sglang") -> list[str]:
 
     from replay.runs.replay import backend_module
 
-    import replay.runs.metrics  # noqa: F401
-    import replay.runs.jobs  # noqa: F401  (the run's own module, before the fork)
+    importlib.import_module("replay.runs.metrics")
+    importlib.import_module("replay.runs.jobs")  # the run's own module, before the fork
 
     backend_module(backend)
     skipped: list[str] = []
@@ -105,8 +108,11 @@ def run_job(job: Path, *, t0: float | None = None, cpu0: float | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m replay.runs.worker JOB.json``: a cold process per run."""
+    """``python -m replay.runs.worker JOB.json``: a cold process per run (deaf to SIGINT when
+    the sweep is: ``replay.procs.sigint_env``)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
+    if caller_ignores_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     return run_job(Path((argv or sys.argv[1:])[0]), t0=t0, cpu0=cpu0)
 
 

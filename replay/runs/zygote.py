@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from replay.procs import die_with_parent, wait_readable
+from replay.procs import die_with_parent, ignore_sigint, wait_readable
 
 _STOP = False
 
@@ -48,11 +48,17 @@ def _send(fd: int, msg: dict) -> None:
         data = data[os.write(fd, data):]
 
 
+#: the SIGINT handler of each forked child (``serve`` sets it: ``replay.procs.ignore_sigint``)
+_CHILD_SIGINT = signal.default_int_handler
+
+
 def _child(job: str, log: str, proto_fd: int, cmd_fd: int, parent_pid: int) -> None:
     """In the forked child: own signals, stdio to the run's log, run the job, never return."""
     rc = 1
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # Ctrl-C stops the run, unless the caller ignores SIGINT (a background job of a script):
+        # then the run ignores it too, as a process the caller started itself would
+        signal.signal(signal.SIGINT, _CHILD_SIGINT)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         die_with_parent(signal.SIGTERM)
@@ -138,7 +144,8 @@ def _stop_children(children: dict[int, str], proto_fd: int) -> None:
 
 def serve(backend: str) -> int:
     """The zygote's main loop (stdin: commands, fd 1: replies; see the module docstring)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _CHILD_SIGINT
+    _CHILD_SIGINT = ignore_sigint()
     signal.signal(signal.SIGTERM, _on_term)
     die_with_parent(signal.SIGTERM)
     cmd_fd, proto_fd = 0, os.dup(1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runs.conftest import SMALL, small_workload  # noqa: F401  (fixture)
+from tests.runs.conftest import SMALL
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group("fork-code-replay")]
 SIZES = tuple(s for s in SMALL if not s.startswith("max_running"))  # (sizes only: no policy knob)

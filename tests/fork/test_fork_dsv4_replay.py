@@ -20,7 +20,6 @@ with the same capacities (DSV4 host sizing, page 256, ratio 0.1).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.fork.conftest import COMMITS, fork_tarball, require_fork
+from tests.fork.conftest import COMMITS, fork_tarball
 
 
 def test_prepare_is_cached_and_fast(fork_codes):

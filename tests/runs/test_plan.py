@@ -11,7 +11,6 @@ from click.testing import CliRunner
 from replay.cli import main
 from replay.runs.plan import plan, split
 from replay.runs.summary import RunError
-from tests.runs.conftest import small_workload  # noqa: F401  (fixture)
 
 MELLUM = {"full": 14336.0, "swa": 43008.0}  # replay.models "mellum-like-swa"
 RATIOS = (0.1, 0.25, 0.5, 1.0)

@@ -20,13 +20,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sweep(source: Path, out: Path, jobs: int, policies: str = "baseline,swa-fixes",
-           grid: str = "max_running_requests=2,4") -> subprocess.Popen:
-    """``kvtrace sweep`` in its own session, as a terminal's foreground job would be."""
+           grid: str = "max_running_requests=2,4", *, sigint_ignored: bool = False,
+           env: dict | None = None) -> subprocess.Popen:
+    """``kvtrace sweep`` in its own session, as a terminal's foreground job would be (with
+    ``sigint_ignored``, as a script's background job is: the shell leaves SIGINT ignored)."""
     code = "import sys; from replay.cli import main; sys.argv[0] = 'kvtrace'; main()"
     args = ["sweep", str(source), "--policies", policies, "--grid", grid,
             "--jobs", str(jobs), "--out", str(out), "--quiet", *[x for kv in SMALL for x in ("--set", kv)]]
     return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT, start_new_session=True)
+                            text=True, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})), cwd=ROOT,
+                            start_new_session=True,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None)
 
 
 def _wait_for(pred, proc, timeout_s: float = 300.0) -> None:
@@ -62,6 +66,26 @@ def test_ctrl_c_to_the_process_group_keeps_complete_runs_and_leaves_no_process(s
     table = pl.read_parquet(out / "summary.parquet")
     assert table.height == 4 and set(table["status"]) <= {"ok", "interrupted"}
     assert 1 <= table.filter(pl.col("status") == "ok").height < 4
+
+
+@pytest.mark.parametrize("zygote", ["1", "0"], ids=["zygote", "cold"])
+def test_a_sweep_that_ignores_sigint_loses_no_run_to_it(small_workload, tmp_path, zygote):
+    """A background job of a script ignores SIGINT (the shell's doing): a Ctrl-C meant for the
+    foreground reaches its process group, and neither the sweep nor any of its runs stops; before,
+    the zygote's children (and cold runs) took it, and the sweep went on with those runs failed."""
+    import polars as pl
+
+    out = tmp_path / "R"
+    proc = _sweep(small_workload, out, jobs=2, sigint_ignored=True, env={"KVTRACE_SWEEP_ZYGOTE": zygote})
+    _wait_for(lambda: any(out.glob(".partial/*.job.json")), proc)
+    time.sleep(0.5)  # the runs have started: each child has set its signals
+    for _ in range(3):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.2)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    table = pl.read_parquet(out / "summary.parquet")
+    assert table.height == 4 and set(table["status"]) == {"ok"}, table
 
 
 def test_a_dead_zygote_fails_its_running_runs_and_the_rest_go_on_cold(small_workload, tmp_path):

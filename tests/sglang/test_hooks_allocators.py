@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sglang.hooks_fixtures import extend, recording, runtime, torch_ints, used
-from tests.sglang.hooks_util import identity_mismatches, ledger, ledger_mismatches, rows
+from tests.sglang.hooks_fixtures import extend, recording, runtime, used
+from tests.sglang.hooks_util import ledger, ledger_mismatches, rows
 
 import tracer.sglang as hooks  # noqa: E402
 

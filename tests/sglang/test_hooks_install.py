@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 import tracer
 import tracer.sglang as hooks
 from tests.sglang.hooks_fixtures import extend, recording, runtime, used
 from tests.sglang.hooks_util import ledger, rows
-from tracer.sglang import autoload_boot_names, versions as versions_mod  # noqa: F401
+from tracer.sglang import autoload_boot_names
 
 pytestmark = pytest.mark.sglang
 

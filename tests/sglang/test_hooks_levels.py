@@ -7,7 +7,6 @@ a ``steps`` trace replays and passes ``inspect --strict``.
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest

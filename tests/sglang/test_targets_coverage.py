@@ -28,7 +28,7 @@ def installed():
     from replay.backends.sglang.env import bootstrap
 
     bootstrap()
-    import sglang.srt.managers.scheduler  # noqa: F401  (install() never imports it)
+    importlib.import_module("sglang.srt.managers.scheduler")  # install() never imports it
 
     def at(level):
         hooks.install(detail=level)
@@ -111,7 +111,7 @@ def test_a_renamed_build_captures_normally_with_its_coverage(tmp_path, monkeypat
 
 
 def test_partial_coverage_ends_partial(tmp_path, monkeypatch):
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: F401
+    importlib.import_module("sglang.srt.mem_cache.unified_radix_cache").UnifiedRadixCache  # imported before recording
 
     with recording(tmp_path / "t") as path:
         cov = hooks_pkg.coverage()

@@ -52,4 +52,6 @@ def autoload_boot_names() -> frozenset:
 
 
 __all__ = ["install", "uninstall", "is_installed", "installed_level", "step", "sample", "configure",
-           "failures", "check_version", "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang"]
+           "failures", "check_version", "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang",
+           # re-exported for callers and tests (tracer.sglang.patched(), tracer.sglang.state.rid_of, ...)
+           "patch_count", "patched", "requests", "state"]

@@ -13,7 +13,7 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
 - the out-of-window SWA releases due at this step (the model's own ``free_swa_out_of_window``,
   only for the requests whose trigger length is reached: the next trigger of each request is
   known in closed form);
-- the page allocations of the requests at a page boundary (``_take_list`` of each pool, in batch
+- the page allocations of the requests at a page boundary (``take_free_pages`` of each pool, in batch
   order, as ``alloc_flagged_pages``);
 - the token append, length and decode-index updates of every running request, applied together
   when the stretch ends (or before an integrity check inside it);
@@ -197,8 +197,8 @@ class CoalesceMixin:
         ran = flushed = 0
         while ran < limit:
             # -- preconditions of this step (nothing is changed until they hold)
-            if (full.available_tokens() < room or len(full._rev) < bs
-                    or (swa is not None and (swa.available_tokens() < room or len(swa._rev) < bs))):
+            if (full.available_tokens() < room or full.free_list_pages() < bs
+                    or (swa is not None and (swa.available_tokens() < room or swa.free_list_pages() < bs))):
                 break
             if eic_head and countdown <= 0:
                 break  # an EIC release may free SWA peers of the head's window: its match changes
@@ -244,10 +244,10 @@ class CoalesceMixin:
                 countdown = self._stretch_releases(batch, rows, trig, ran - flushed)
             need = buckets[phase]
             if need:
-                got = full._take_list(len(need))
+                got = full.take_free_pages(len(need))
                 if swa is not None:
                     mapping = pools.mapping
-                    for f, p in zip(got, swa._take_list(len(need))):
+                    for f, p in zip(got, swa.take_free_pages(len(need))):
                         mapping[f] = p
                 for i, page in zip(need, got):
                     rows[i].pages.append(page)

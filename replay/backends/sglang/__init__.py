@@ -20,4 +20,5 @@ __all__ = [
     "CHOICES", "LoopObserver", "PoolOccupancy", "RunResult", "SglangBackend", "SglangSettings",
     "StepRecord", "Workload", "from_knobs", "WorkloadRequest", "load_workload", "parse_overrides", "run_backend",
     "setting_names", "write_workload",
+    "_scheduler",  # imported for its side effect: registers scheduler=real in SCHEDULER_BACKENDS
 ]

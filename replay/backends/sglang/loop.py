@@ -36,7 +36,7 @@ import dataclasses
 from time import perf_counter_ns
 from typing import Callable
 
-from replay.backends.base import FINISH_REASONS, LoopObserver, RunResult, StepRecord  # noqa: F401
+from replay.backends.base import LoopObserver, RunResult, StepRecord
 from replay.backends.sglang.build import Runtime, build_runtime, sglang_env
 from replay.backends.sglang.mirror import SchedulerMirror
 from replay.backends.sglang.occupancy import PoolOccupancy, check_identity, measure

@@ -35,7 +35,6 @@ import contextlib
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from replay.backends.sglang.loop import SCHEDULER_BACKENDS, SglangBackend
 from replay.backends.sglang.tokens import EOS_TOKEN_ID

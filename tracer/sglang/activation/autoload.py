@@ -206,3 +206,9 @@ def update_manifest_server() -> None:
         m["server"] = srv
 
     manifest.update_manifest(rec.dir, merge)
+
+
+__all__ = ["enabled", "on_module_loaded", "start_recording", "update_manifest_server",
+           # re-exported from launch.py (``kvtrace hooks``/``kvtrace launch`` and tests use them through this module)
+           "BOOT_FILE", "PTH_NAME", "install_pth", "pth_line", "pth_status", "site_packages", "uninstall_pth",
+           "write_launch_shim"]

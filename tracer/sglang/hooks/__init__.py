@@ -269,3 +269,9 @@ def coverage_here(level: str = "counts") -> dict:
             uninstall()
     cov["import_errors"] = errors
     return cov
+
+
+__all__ = ["MODULES", "coverage", "coverage_here", "install", "installed_level", "is_installed", "partial_requested",
+           "patch_count", "patched", "sync_detail", "uninstall",
+           # re-exported from tracer.sglang.versions (callers use them through this module)
+           "SUPPORTED_SGLANG_VERSIONS", "UnsupportedSglang", "check_target", "check_version", "sglang_version"]

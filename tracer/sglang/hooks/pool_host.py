@@ -18,8 +18,6 @@ At ``steps`` only the constructors and the group's tagging are wrapped (the samp
 
 from __future__ import annotations
 
-from time import perf_counter_ns
-
 import tracer
 from tracer.schema import Pool, PoolOp
 from tracer.sglang.patching import target

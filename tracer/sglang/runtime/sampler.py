@@ -321,3 +321,9 @@ def boundary(forward_ct: int | None = None) -> None:
         _sample(fct)
     if S.on_step is not None:
         _run_on_step()
+
+
+__all__ = ["STEP", "FULL", "SWA", "HOST_FULL", "HOST_SWA", "IDLE", "PREFILL", "DECODE", "MIXED", "Cadence", "cadence",
+           "configure", "sample", "step", "LoopState", "loop", "note_ran", "boundary",
+           # re-exported from runtime/held.py (hooks/scheduler.py fills ``helpers``; tests call the others)
+           "held_tokens", "helpers", "swa_inline_ok"]

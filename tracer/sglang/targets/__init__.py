@@ -59,3 +59,9 @@ from tracer.sglang.targets.table import (  # noqa: F401
     Target,
     by_name,
 )
+
+# the re-exported names (this package is their public home: ``tracer.sglang.targets.detect()``, ...)
+__all__ = ["ABSENT", "INSTALLED", "LEVELS", "MISMATCH", "ROW_LEVELS", "SKIPPED", "UNUSED", "Check", "Contract", "check",
+           "TRACE_STATE", "contracts_of", "coverage", "hook_states",
+           "Detection", "detect", "installed_version",
+           "DSV4_POST659", "DSV4_PRE659", "HOOKS", "SGLANG_0_5_23", "TARGETS", "Hook", "Target", "by_name"]

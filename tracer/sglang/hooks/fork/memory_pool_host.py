@@ -18,7 +18,6 @@ from __future__ import annotations
 from tracer.sglang.hooks import pool_host as base
 from tracer.sglang.hooks.fork._contract import contracts
 from tracer.sglang.patching import _subclasses, target
-from tracer.sglang.runtime import state
 from tracer.sglang.wrappers import after_call, after_init, timed_before
 
 MOD = "sglang.srt.mem_cache.memory_pool_host"

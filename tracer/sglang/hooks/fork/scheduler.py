@@ -25,7 +25,7 @@ from tracer.sglang.hooks.fork import dsv4
 from tracer.sglang.hooks.fork._contract import contracts
 from tracer.sglang.patching import target
 from tracer.sglang.runtime import sampler, state
-from tracer.sglang.runtime.state import NOOP, S
+from tracer.sglang.runtime.state import NOOP
 from tracer.sglang.wrappers import before_init
 
 MOD = "sglang.srt.managers.scheduler"
