@@ -49,8 +49,12 @@ def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, 
         full_pool_tokens=full_pool_tokens, swa_pool_tokens=swa_pool_tokens, host_pool_tokens=host_pool_tokens,
         policy=policy, model=model, jobs=jobs, executor=executor, progress=not (quiet or as_json)),
         as_json, capacity_lines)
-    if all(r["status"] != "ok" for r in res.rows):
-        raise SystemExit(1)
+    failed = [r for r in res.rows if r["status"] != "ok"]
+    if failed:  # a curve with holes is printed, and is an error for a script
+        from replay.errors import DataLostError
+
+        raise DataLostError(f"{out}: {len(failed)} of {len(res.rows)} size(s) failed (first: {failed[0].get('error', '')}); "
+                            "the curve above has holes there; re-run the same command to retry them")
 
 
 def _f(v, fmt: str, width: int) -> str:

@@ -38,6 +38,7 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
     no split is feasible at the budget.
     """
     from replay.runs.plan import plan
+    from replay.errors import DataLostError
     from replay.runs.summary import RunError
 
     try:
@@ -48,12 +49,15 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
         source, out, kv_gb=kv_gb, host_gb=host_gb, objective=objective, ratios=rs, policy=policy, model=model,
         jobs=jobs, executor=executor, confirm=confirm, early_stop=not no_early_stop,
         stop_infeasible=not run_infeasible, progress=not (quiet or as_json)), as_json, plan_lines)
+    if res.failed:  # an incomplete plan is an error, not an answer (the table or JSON says which)
+        raise DataLostError(f"{out}: {res.notes[0]}")
     if res.best is None:  # nothing to recommend: a script must not take the plan for an answer
         raise SystemExit(1)
 
 
 _WHY = {"attainable": "a split reached 99 % of the attainable hit ratio",
-        "declining": "the splits past the best each did worse", "": "99 % of the attainable hit ratio"}
+        "declining": "the splits past the best each did worse", "failed": "a split failed",
+        "": "99 % of the attainable hit ratio"}
 
 
 def plan_lines(res) -> list[str]:
@@ -76,12 +80,13 @@ def plan_lines(res) -> list[str]:
             continue
         if r.get("status") != "ok":
             out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
-                       f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  failed {mark} {r.get('error', '')}")
+                       f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f}  "
+                       f"{'infeasible: refused' if r.get('status') == 'refused' else 'failed'} {mark} {r.get('error', '')}")
             continue
         out.append(f"{r['swa_full_tokens_ratio']:>6g} {r['full_pool_tokens']:>10,} {r['swa_pool_tokens']:>9,} "
                    f"{r['full_gb']:>8.3f} {r['swa_gb']:>7.3f} {r['prefix_hit_ratio']:>6.3f} "
                    f"{r['ttft_p99_ms']:>9.1f} {r['retractions']:>7} {r['aborted']:>7} {r['peak_swa_used']:>9,} {mark}")
-    out.append("* recommended" + (" (the real backend's view: confirm)" if res.reference_best else "") + (f", r recorded ({res.recorded_ratio:g})" if res.recorded_ratio is not None else "")
+    out.append(("* recommended" if res.best else "nothing recommended") + (" (the real backend's view: confirm)" if res.reference_best else "") + (f", r recorded ({res.recorded_ratio:g})" if res.recorded_ratio is not None else "")
                + (f"; stopped early ({_WHY.get(res.early_stop_reason, res.early_stop_reason)})"
                   if res.early_stopped else ""))
     if res.best:

@@ -21,6 +21,7 @@ Workloads (request rows only: no ``pool`` or ``stats`` rows) are refused, naming
 from __future__ import annotations
 
 import html
+import json
 import tempfile
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
     target, out = Path(target), Path(out)
     paths = find_traces(target)
     if not paths:
+        plan_notes = _plan_notes(target)
+        if plan_notes:  # a plan none of whose splits completed: say why, from its plan.json
+            raise KvtraceError(f"{target}: a plan with no completed split to report ({plan_notes[0]})")
         raise KvtraceError(f"{target}: no trace or run below it; expected a trace directory "
                            "(manifest.json) or a directory of traces and runs (a sweep)")
     opened = {p: open_trace(p) for p in paths}
@@ -163,17 +167,31 @@ def _plan(target) -> dict | None:
         return None
 
 
+def _plan_notes(target: Path) -> list[str]:
+    """The notes of ``target``'s ``plan.json`` (none when it holds no readable plan)."""
+    try:
+        return list(json.loads((target / "plan.json").read_text()).get("notes") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
 def _plan_html(plan: dict, render) -> str:
     """The capacity plan's section: the recommended split, the knee, the splits' table, the curves."""
     from replay.analysis.plan_curves import knee, plan_figure
 
     best, k = plan.get("best"), knee(plan)
-    head = (f"recommended: <code>{html.escape(' '.join(plan['server_args']))}</code>" if best else
-            "no split finished every request without retractions or aborts: raise --kv-gb")
+    if best:
+        head = f"recommended: <code>{html.escape(' '.join(plan['server_args']))}</code>"
+    elif plan.get("failed"):  # incomplete: the plan's own note says which failed and what to do
+        head = html.escape(plan["notes"][0])
+    else:
+        head = "no split finished every request without retractions or aborts: raise --kv-gb"
     cells = "".join(
         f"<tr><td>{r['swa_full_tokens_ratio']:g}</td><td>{r['full_pool_tokens']:,}</td><td>{r['swa_pool_tokens']:,}</td>"
         + (f"<td colspan=2>stopped at its first retraction/abort, {r['stopped_at_s']:,.1f} s</td>"
            if r.get("status") == "stopped" else
+           f"<td colspan=2>{'refused' if r.get('status') == 'refused' else 'failed'}: {html.escape(r.get('error', ''))}</td>"
+           if r.get("status") in ("failed", "refused") else
            f"<td>{r.get('prefix_hit_ratio', '')}</td><td>{r.get('ttft_p99_ms', '')}</td>")
         + f"<td>{r.get('retractions', '')}</td>"
         f"<td>{r.get('aborted', '')}</td><td>{'yes' if r.get('feasible') else 'no'}</td></tr>" for r in plan["rows"])

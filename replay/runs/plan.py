@@ -31,7 +31,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from replay.runs.summary import SUMMARY_FILE, RunError, read_summary
+from replay.runs.summary import SUMMARY_FILE, RunError, is_settings_refusal, read_summary
 
 GB = 1e9
 #: ``swa_full_tokens_ratio`` values tried by default (sglang's default 0.8; DSV4's 0.1)
@@ -82,8 +82,12 @@ class PlanResult:
     #: the reference's recommendation when ``confirm`` replaced it by the real backend's view
     reference_best: dict | None = None
     #: why the search ended early: ``attainable`` (a split reached 99 % of the attainable hit ratio),
-    #: ``declining`` (the splits past the best each did worse), "" (it did not)
+    #: ``declining`` (the splits past the best each did worse), ``failed`` (a split's replay failed:
+    #: the plan cannot conclude), "" (it did not)
     early_stop_reason: str = ""
+    #: the splits whose replay failed (``swa_full_tokens_ratio``, ``error``): a plan with any is
+    #: incomplete and recommends nothing (a failed split is unknown, not infeasible)
+    failed: list[dict] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -172,19 +176,33 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
     errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
     rows = [_row(out, policy, pt, bpt, errors) for pt in points[:search.cut]]
     early, why = search.cut < len(points), search.why
-    best = _best(rows, objective)
+    failed = [{"swa_full_tokens_ratio": r["swa_full_tokens_ratio"], "error": r.get("error", "")}
+              for r in rows if r["status"] == "failed"]
+    best = None if failed else _best(rows, objective)
     recorded = _recorded_ratio(source)
     notes = []
-    if best is None:
+    if failed:
+        notes.append(incomplete_message(failed, len(rows)))
+    elif best is None:
         notes.append("no split finished every request without retractions or aborts at this budget: "
                      "raise --kv-gb")
     res = PlanResult(cfg, bpt, round(attainable, 6), rows, best, recorded, early,
-                     server_args(best, host_gb) if best else [], notes=notes, early_stop_reason=why)
+                     server_args(best, host_gb) if best else [], notes=notes, early_stop_reason=why,
+                     failed=failed)
     if confirm and best is not None:
         res.confirm, real_rows = _confirm(source, out, res, policy, jobs, model)
         _trust_real(res, real_rows, objective, host_gb)
     (out / "plan.json").write_text(__import__("json").dumps(res.to_dict(), indent=1, default=str))
     return res
+
+
+def incomplete_message(failed: list[dict], tried: int) -> str:
+    """What a plan with failed splits says: which failed and why, and that re-running resumes."""
+    first = failed[0]
+    more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+    return (f"{len(failed)} of {tried} splits failed (ratio {first['swa_full_tokens_ratio']:g}: {first['error']}"
+            f"{more}): the plan is incomplete and recommends nothing; fix the cause and run the same "
+            "command again (it resumes: finished splits are kept, the failed ones run again)")
 
 
 def server_args(row: dict, host_gb: float | None) -> list[str]:
@@ -208,8 +226,11 @@ def _row(out: Path, policy: str, pt: dict, bpt: dict, errors: dict | None = None
     row = dict(pt) | {"full_gb": round(pt["full_pool_tokens"] * bpt["full"] / GB, 4),
                       "swa_gb": round(pt["swa_pool_tokens"] * bpt["swa"] / GB, 4), "run": str(run)}
     if not (run / SUMMARY_FILE).is_file():
-        return row | {"status": "failed", "feasible": False,
-                      "error": (errors or {}).get(str(rel).replace("\\", "/"), "no summary")}
+        error = (errors or {}).get(str(rel).replace("\\", "/"), "no summary")
+        # settings the backend refuses (a pool below a page) make the split infeasible, as a retraction
+        # does; any other failure leaves it unknown
+        return row | {"status": "refused" if is_settings_refusal(error) else "failed", "feasible": False,
+                      "error": error}
     s = read_summary(run)
     if s.stopped:  # ended at its first retraction or abort: infeasible; its figures cover a part
         return row | {"status": "stopped", "stopped": s.stopped, "stopped_at_s": s.sim_s, "finished": s.finished,
@@ -245,7 +266,11 @@ class _Search:
             return self.why
         while len(self.rows) < len(self.points) - 1 and self.keys[len(self.rows)] in results:
             k = len(self.rows)
-            self.rows.append(_row(self.out, self.policy, self.points[k], self.bpt))
+            errors = {key: r.get("error") or "" for key, r in results.items()}
+            self.rows.append(_row(self.out, self.policy, self.points[k], self.bpt, errors))
+            if self.rows[-1]["status"] == "failed":  # unknown, not infeasible: no conclusion can follow
+                self.why, self.cut = "failed", k + 1
+                return f"the plan stopped: the replay of ratio {self.points[k]['swa_full_tokens_ratio']:g} failed"
             best = _best(self.rows, self.objective)
             if best is None:
                 continue

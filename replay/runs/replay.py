@@ -22,7 +22,7 @@ from pathlib import Path
 
 from replay import knobs
 from replay.runs.summary import (MEASURED, SUMMARY_FILE, RunError, RunSummary, _summarize,  # noqa: F401
-                                 _write_json, read_summary)
+                                 _write_json, read_summary, settings_refused)
 
 
 def resolve_settings(source: str | Path, policy: str, sets=(), backend: str = "sglang"):
@@ -90,7 +90,7 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     try:
         settings = impl.settings_from_knobs(values)
     except ValueError as e:
-        raise RunError(f"policy {policy!r} with these settings: {e}") from None
+        raise settings_refused(policy, e) from None
     from replay.workloads import WorkloadError, read_workload
 
     try:

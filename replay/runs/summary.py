@@ -27,6 +27,21 @@ class RunError(KvtraceError, ValueError):
     """A replay that cannot start: bad source, policy, setting, backend or output directory."""
 
 
+_REFUSED = "with these settings: "
+
+
+def settings_refused(policy: str, why: object) -> RunError:
+    """The error of a run whose settings the backend refuses (a pool too small for its page, ...):
+    the same for every try, so a plan or capacity sweep takes that point as infeasible, not as a
+    failure to retry (:func:`is_settings_refusal` reads the message back from a sweep's table)."""
+    return RunError(f"policy {policy!r} {_REFUSED}{why}")
+
+
+def is_settings_refusal(error: str) -> bool:
+    """Whether a sweep row's ``error`` is a :func:`settings_refused` message."""
+    return error.startswith("policy ") and _REFUSED in error
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """The figures of one run (``summary.json``); see the module docstring for their sources."""

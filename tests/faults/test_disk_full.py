@@ -5,22 +5,16 @@ recovery every event is on disk or counted and ``inspect --strict`` fails."""
 
 from __future__ import annotations
 
-import resource
-import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.faults.util import accounting, assert_clean_failure, data_events, no_temporaries, run
+from tests.faults.util import accounting, assert_clean_failure, data_events, file_size_limit, no_temporaries, run
 
 
-def _limit(nbytes):
-    def pre():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
-        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
-    return pre
+_limit = file_size_limit
 
 
 _CHILD = textwrap.dedent("""

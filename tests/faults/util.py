@@ -39,6 +39,17 @@ LIVE_CHILD = textwrap.dedent("""
 """)
 
 
+def file_size_limit(nbytes: int):
+    """A ``preexec_fn`` making writes past ``nbytes`` fail with EFBIG, as on a full disk."""
+    import resource
+    import signal
+
+    def pre():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return pre
+
+
 def run(*args, timeout=300, env=None, preexec_fn=None, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([KVTRACE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env=env, preexec_fn=preexec_fn, cwd=cwd)

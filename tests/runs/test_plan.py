@@ -111,6 +111,10 @@ def test_ttft_objective_and_early_stop(planned, small_workload, tmp_path, monkey
 def test_a_budget_no_split_survives_says_so(small_workload, tmp_path):
     res = plan(small_workload, tmp_path / "x", kv_gb=0.002, model="mellum-like-swa", ratios=(0.25,), jobs=1)
     assert res.best is None and res.server_args == [] and "raise --kv-gb" in res.notes[0]
+    # the SWA pool is below a page: the backend refuses the settings, which rules the split out as
+    # a retraction would (not a failure to retry: the plan is complete)
+    assert [r["status"] for r in res.rows] == ["refused"] and res.failed == []
+    assert "too small for page_size" in res.rows[0]["error"]
 
 
 def test_cli_table_json_and_errors(planned, small_workload, tmp_path):
@@ -136,6 +140,29 @@ def test_the_report_of_a_plan_draws_its_curves(planned, tmp_path):
     assert rep["plan"]["server_args"] == res.server_args
     page = (tmp_path / "r.html").read_text()
     assert "Capacity plan (0.4 GB)" in page and "--swa-full-tokens-ratio 0.1" in page and "knee at ratio 0.1" in page
+
+
+def test_the_report_of_an_incomplete_plan_says_so(planned, tmp_path):
+    import shutil
+
+    from replay.report import build_report
+    from replay.runs.plan import incomplete_message
+
+    out, _ = planned
+    copy = tmp_path / "p"
+    shutil.copytree(out, copy)
+    saved = json.loads((copy / "plan.json").read_text())  # as a plan whose last split failed writes it
+    saved["rows"][-1] = {k: saved["rows"][-1][k] for k in ("swa_full_tokens_ratio", "full_pool_tokens",
+                                                           "swa_pool_tokens", "full_gb", "swa_gb", "run")}
+    saved["rows"][-1] |= {"status": "failed", "feasible": False, "error": "RecordingFailed: disk <full>"}
+    saved["failed"] = [{"swa_full_tokens_ratio": 1.0, "error": "RecordingFailed: disk <full>"}]
+    saved["best"], saved["server_args"] = None, []
+    saved["notes"] = [incomplete_message(saved["failed"], len(saved["rows"]))]
+    (copy / "plan.json").write_text(json.dumps(saved))
+    build_report(copy, tmp_path / "r.html", diagnose=False)
+    page = (tmp_path / "r.html").read_text()
+    assert "1 of 4 splits failed (ratio 1: RecordingFailed: disk &lt;full&gt;" in page
+    assert "failed: RecordingFailed: disk &lt;full&gt;" in page and "recommended:" not in page
 
 
 @pytest.mark.slow
