@@ -27,8 +27,10 @@ there: nothing is recommended).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+from typing import Callable
 from pathlib import Path
 
 from replay.runs.summary import SUMMARY_FILE, RunError, is_settings_refusal, read_summary
@@ -166,13 +168,22 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
             raise RunError(f"{out}: the replays of ratios {', '.join(f'{r:g}' for r in cut)} stopped at their "
                            "first retraction in this plan; to run them to their end choose a new --out "
                            "(or --force)")
-    try:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it
-        attainable = float(capacity_curve(source).at(max(p["full_pool_tokens"] for p in points)))
-    except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop
-        attainable = 1.0
-    search = _Search(out, policy, points, bpt, objective, attainable, early_stop)
-    df = sweep(source, out, policies=[policy], points=points, sets=sets, jobs=jobs, executor=executor,
-               backend=backend, progress=progress, model=model, stop=search.stop)
+    largest = max(p["full_pool_tokens"] for p in points)
+
+    def one_pass() -> float:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it
+        try:
+            return float(capacity_curve(source).at(largest))
+        except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop
+            return 1.0
+
+    # computed beside the replays (5 s of an hour of traffic, which held back every split), and
+    # waited for where the stop rule first reads it
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvtrace-one-pass") as pool:
+        bound = pool.submit(one_pass)
+        search = _Search(out, policy, points, bpt, objective, bound.result, early_stop)
+        df = sweep(source, out, policies=[policy], points=points, sets=sets, jobs=jobs, executor=executor,
+                   backend=backend, progress=progress, model=model, stop=search.stop)
+        attainable = bound.result()
     errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
     rows = [_row(out, policy, pt, bpt, errors) for pt in points[:search.cut]]
     early, why = search.cut < len(points), search.why
@@ -252,7 +263,7 @@ class _Search:
     plan to resume)."""
 
     def __init__(self, out: Path, policy: str, points: list[dict], bpt: dict, objective: str,
-                 attainable: float, enabled: bool) -> None:
+                 attainable: Callable[[], float], enabled: bool) -> None:
         from replay.runs.jobs import RunSpec
 
         self.out, self.policy, self.points, self.bpt = out, policy, points, bpt
@@ -274,7 +285,7 @@ class _Search:
             best = _best(self.rows, self.objective)
             if best is None:
                 continue
-            if best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * self.attainable:
+            if best["prefix_hit_ratio"] >= EARLY_STOP_SHARE * self.attainable():
                 self.why = "attainable"
             elif _declined(self.rows, best, self.objective):
                 self.why = "declining"

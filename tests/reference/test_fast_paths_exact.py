@@ -139,3 +139,6 @@ def test_stretches_run_on_a_pressured_swa_workload():
         be.check_integrity()
     assert be.result.num_finished == len(wl.requests)
     assert coalesced > 2 * normal, (coalesced, normal)
+    # the waiting-queue refresh runs inside stretches too (its walks memoized), exactly: the
+    # bundled-workload comparisons above cover ``mixed`` with ~45 such refreshes per policy
+    assert be.stretch_refreshes > 10, be.stretch_refreshes

@@ -28,8 +28,11 @@ counts stay as they were). The head's match touches the tree on every step (rece
 LRU order): those effects are applied once when the stretch ends, with the tree clock advanced
 by the ticks the skipped matches would have taken, which leaves every stamp and every LRU order
 exactly as a step-by-step run leaves them (only stale lazy-heap entries differ, which no pop
-sees). A stretch stops before any step at which the waiting-queue prefix refresh walks (every
-32nd admission), before an integrity check is due, and before any step it cannot prove quiet.
+sees). The waiting-queue prefix refresh (every 32nd admission) runs inside the stretch when
+each of its walks is memoized (``RadixTree.memo_touches``: no walk splits, so the head's match and
+lock stand): the head's matches before it are applied, then its touches, as a step-by-step run
+orders them. A stretch stops before a refresh that may split (or that an arrival due at its step
+would join), before an integrity check is due, and before any step it cannot prove quiet.
 
 Exactness is tested row by row against the step-by-step run (``decode_coalescing=off``) on the
 differential cases, every bundled workload and Hypothesis workloads
@@ -52,6 +55,7 @@ _DECODE = int(Mode.DECODE)
 _MATCH = int(CacheOp.MATCH)
 _SWA_RELEASE = int(CacheOp.SWA_RELEASE)
 _REFRESH_INTERVAL = 32  # admission._WAITING_PREFIX_REFRESH_INTERVAL
+_REFRESH_MAX = 128  # admission._WAITING_QUEUE_PREFIX_MATCH_MAX
 _NEVER = 1 << 62
 
 
@@ -70,6 +74,8 @@ class CoalesceMixin:
     """Quiet-stretch runner (see the module docstring)."""
 
     _head_refusal: HeadRefusal | None = None
+    #: waiting-queue prefix refreshes run inside stretches (a diagnostic: the tests see the path run)
+    stretch_refreshes: int = 0
 
     @property
     def _eic(self) -> bool:
@@ -194,7 +200,7 @@ class CoalesceMixin:
         eic_head = head is not None and self._eic
         # the requests' lengths, decode indices and output ids lag ``ran - flushed`` steps behind
         # inside the stretch (``_catch_up``); what reads them here adds the lag
-        ran = flushed = 0
+        ran = flushed = deferred = 0  # deferred: the head's matches not yet applied
         while ran < limit:
             # -- preconditions of this step (nothing is changed until they hold)
             if (full.available_tokens() < room or full.free_list_pages() < bs
@@ -209,9 +215,14 @@ class CoalesceMixin:
                 due += 1
             if due < n_pending and pending[due].arrival_ns <= self.clock_ns:
                 break  # an arrival the pool cannot hold is aborted: the normal path runs it
+            touches = None
             if head is not None:
                 if refresh % _REFRESH_INTERVAL == 0:
-                    break  # the waiting-queue prefix refresh walks at this admission
+                    # the waiting-queue prefix refresh at this admission: run inside the stretch when
+                    # every walk is memoized (no split: the head's match and lock stand)
+                    touches = self._refresh_touches(due)
+                    if touches is None:
+                        break
                 # ``PrefillBudget.__init__``'s reservation, term by term and in batch order, on the
                 # output lengths this step would see (``ran`` tokens appended since ``left``)
                 ratio = self.ratio.current
@@ -233,7 +244,15 @@ class CoalesceMixin:
             if has_swa:
                 self.batch_is_full = False  # ``_new_prefill_batch`` resets it for SWA models
             if head is not None:
+                if touches is not None:  # the refresh comes between the matches before and this one
+                    if deferred:
+                        tree.clock += deferred - 1  # the ticks of the matches not repeated
+                        model.match(head.keys, max_tokens=head.max_tokens)
+                        deferred = 0
+                    tree.apply_touches(touches)
+                    self.stretch_refreshes += 1
                 refresh += 1
+                deferred += 1
                 tracer.cache(_MATCH, *hit)
                 self.batch_is_full = True  # a ``no_token`` refusal with requests running
             elif case == "full":
@@ -283,11 +302,25 @@ class CoalesceMixin:
             self.last_batch = list(batch)
             if head is not None:
                 self._prefix_refresh_calls = refresh
-                tree = model.tree
-                tree.clock += ran - 1  # the ticks of the matches not repeated
-                model.match(head.keys, max_tokens=head.max_tokens)
+                if deferred:
+                    tree.clock += deferred - 1  # the ticks of the matches not repeated
+                    model.match(head.keys, max_tokens=head.max_tokens)
                 head.version = tree.version
         return ran
+
+    def _refresh_touches(self, due: int) -> list | None:
+        """The waiting-queue prefix refresh of this step (``_touch_waiting_prefixes``) as touches
+        to apply inside the stretch, or None when it cannot run there: an arrival due now would
+        join the first ``_WAITING_QUEUE_PREFIX_MATCH_MAX`` it walks, or a walk is not memoized
+        (it may split, which changes the head's match)."""
+        waiting = self.waiting
+        if due > self._next_arrival and len(waiting) < _REFRESH_MAX:
+            return None
+        model = self.model
+        # lazily, newest first (the walk order): a request that arrived since the last refresh has
+        # no memoized walk, and the check stops there
+        keys = (model.refresh_key(req.keys.up_to(req.fill_len)) for req in reversed(waiting[:_REFRESH_MAX]))
+        return model.tree.memo_touches(keys)
 
     def _stretch_releases(self, batch, rows, trig, lag: int) -> int:
         """The out-of-window releases due at this step, in batch order (the normal path's test per

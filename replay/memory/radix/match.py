@@ -143,6 +143,27 @@ class MatchMixin:
             bests.append(walk[1])
         self._apply_touches(bests)
 
+    def memo_touches(self, keys) -> list | None:
+        """What ``touch_many(keys)`` would apply when every walk is memoized (so none splits and
+        the tree's shape and ``version`` stay): the walks' best nodes, for :meth:`apply_touches`
+        (now or after other touches). None, with no effect, when some walk is not memoized
+        (``keys``, any iterable, is read no further)."""
+        if not self.walk_memo:
+            return None
+        hits = self.walk_memo_hits
+        bests = []
+        for key in keys:
+            walk = self._memo(key, len(key)) if type(key) is GrowingKeys else None
+            if walk is None:
+                self.walk_memo_hits = hits
+                return None
+            bests.append(walk[1])
+        return bests
+
+    def apply_touches(self, bests: list) -> None:
+        """The recency effects of touches whose walks ended at ``bests`` (see :meth:`touch_many`)."""
+        self._apply_touches(bests)
+
     def _apply_touches(self, bests: list) -> None:
         if not bests:
             return
