@@ -136,13 +136,15 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
 
         capacity_html, capacity = capacity_section(target, _render)  # a kvtrace capacity directory
         codes_html += capacity_html
+    warnings = incomplete_traces({label[p]: t for p, t in recorded.items()})
     sections = []
     for p, t in recorded.items():
         summary = load_summary(p) if p in runs else None
         sections.append(_details(label[p], t, summary, diags.get(p), kv_table, diagnosis_tables))
     page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly.offline.get_plotlyjs(),
                         target=html.escape(str(target)), headline=head, figures=body,
-                        notes="".join(f'<p class="note">{html.escape(n)}</p>' for n in notes), codes=codes_html,
+                        notes="".join(f'<p class="warn">{html.escape(w)}</p>' for w in warnings)
+                        + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes), codes=codes_html,
                         details="\n".join(sections))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
@@ -152,10 +154,31 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
             "primary": str(primary), "verdict": diag.verdict if diag else None,
             "primary_cause": diag.primary_cause if diag else None, "recommended_sets": sets,
             "proof": proof.to_dict() if proof is not None else None, "diagnosis": diag is not None, "notes": notes,
+            "incomplete": warnings,
             "codes": axis.codes if axis is not None else [c | {"run": r} for r, c in by_run.items()],
             "code_axis": axis.to_dict() if axis is not None else None,
             "plan": ({"best": plan["best"], "server_args": plan["server_args"]} if plan is not None else None),
             "capacity": capacity}
+
+
+def incomplete_traces(traces: dict) -> list[str]:
+    """One warning per trace (``{label: Trace}``) whose ranks did not end complete or whose events
+    were not all written (a recorder killed or failed, then recovered; drops): the report's figures
+    cover only what was recorded. The rank files' and drops' checks of ``kvtrace inspect --strict``
+    (``replay.trace_checks.check_ranks_accounting``), not the seq scan."""
+    from replay.trace_checks import check_ranks_accounting
+
+    out = []
+    for label, tr in traces.items():
+        problems = [q.message for q in check_ranks_accounting(tr)]
+        lost = sum(int(x) for x in tr.table("drops").column("num_events").to_pylist()) if tr.rows("drops") else 0
+        if lost:
+            problems.append(f"{lost:,} events lost (counted in the drops family)")
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            out.append(f"incomplete trace {label}: " + "; ".join(problems[:3]) + more
+                       + ". The figures cover only what was recorded (kvtrace inspect --strict lists it all).")
+    return out
 
 
 def _plan(target) -> dict | None:
@@ -267,7 +290,7 @@ font-size:13px;vertical-align:top;overflow-wrap:break-word}} th{{background:#f2f
 padding:12px 18px;border-radius:6px;background:#fafafa}}
 .bad{{color:#b00020}} .good{{color:#1b7f3b}} .verdicts li{{margin:3px 0}} .num{{color:#555}}
 pre.cmd{{background:#222;color:#eee;padding:8px;white-space:pre-wrap;font-size:13px}}
-.note{{color:#555;font-size:13px}} .fig{{margin:18px 0}} .fig.empty p{{background:#f6f6f6;padding:8px}}
+.note{{color:#555;font-size:13px}} .warn{{color:#8a1f11;background:#fdecea;padding:6px 8px;font-size:13px}} .fig{{margin:18px 0}} .fig.empty p{{background:#f6f6f6;padding:8px}}
 details{{margin:8px 0}} summary{{cursor:pointer;font-weight:bold}}</style>
 <script type="text/javascript">{plotly}</script></head>
 <body><h1>kvtrace incident report</h1><p>Source: <code>{target}</code></p>
