@@ -282,8 +282,19 @@ def open_trace(path: str | os.PathLike, *, strict: bool = True) -> Trace:
     _check_version(manifest.get("schema_version"), str(mpath))
     segments, problems = _scan(root)
     if strict and problems:
-        raise TraceError("; ".join(str(p) for p in problems))
+        raise TraceError(_strict_message(root, problems))
     return Trace(root, manifest, segments, problems)
+
+
+def _strict_message(root: Path, problems: list) -> str:
+    """The problems that stop a strict open, one each, but a crash's open segments (one per family
+    and rank) as the first and a count: the user needs the one command, not each file."""
+    open_segs = [p for p in problems if p.kind == "open_segment"]
+    shown = [p for p in problems if p.kind != "open_segment"] + open_segs[:1]
+    msg = "; ".join(str(p) for p in shown)
+    if len(open_segs) > 1:
+        msg += f" (and {len(open_segs) - 1} more open segments: `kvtrace inspect {root}` lists them)"
+    return msg
 
 
 def _check_version(version, where: str) -> None:

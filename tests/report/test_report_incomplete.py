@@ -37,6 +37,11 @@ def _record(path, how):
 
 def test_a_report_of_a_killed_and_recovered_trace_says_it_is_incomplete(tmp_path):
     t = _record(tmp_path / "killed", "kill")
+    # before recovery: one error line naming the command, not each family's open segment
+    res = run("report", t, "--out", tmp_path / "r0.html")
+    assert res.returncode == 2 and res.stderr.count("kvtrace: error:") == 1 and "Traceback" not in res.stderr
+    assert res.stderr.count("open segment (Arrow IPC stream)") == 1 and "run `kvtrace recover TRACE`" in res.stderr
+    assert "(and 1 more open segments: `kvtrace inspect" in res.stderr, res.stderr
     assert run("recover", t).returncode in (0, 1)
     rep = build_report(t, tmp_path / "r.html", diagnose=False)
     assert len(rep["incomplete"]) == 1, rep["incomplete"]
