@@ -21,7 +21,6 @@ Workloads (request rows only: no ``pool`` or ``stats`` rows) are refused, naming
 from __future__ import annotations
 
 import html
-import json
 import tempfile
 from pathlib import Path
 
@@ -68,7 +67,8 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
     target, out = Path(target), Path(out)
     paths = find_traces(target)
     if not paths:
-        plan_notes = _plan_notes(target)
+        plan = _plan(target)
+        plan_notes = plan.get("notes") if isinstance(plan, dict) else None
         if plan_notes:  # a plan none of whose splits completed: say why, from its plan.json
             raise KvtraceError(f"{target}: a plan with no completed split to report ({plan_notes[0]})")
         raise KvtraceError(f"{target}: no trace or run below it; expected a trace directory "
@@ -171,7 +171,7 @@ def incomplete_traces(traces: dict) -> list[str]:
     out = []
     for label, tr in traces.items():
         problems = [q.message for q in check_ranks_accounting(tr)]
-        lost = sum(int(x) for x in tr.table("drops").column("num_events").to_pylist()) if tr.rows("drops") else 0
+        lost = tr.num_dropped if tr.rows("drops") else 0
         if lost:
             problems.append(f"{lost:,} events lost (counted in the drops family)")
         if problems:
@@ -188,14 +188,6 @@ def _plan(target) -> dict | None:
         return load_plan(target) if (Path(target) / "plan.json").is_file() else None
     except (OSError, ValueError):
         return None
-
-
-def _plan_notes(target: Path) -> list[str]:
-    """The notes of ``target``'s ``plan.json`` (none when it holds no readable plan)."""
-    try:
-        return list(json.loads((target / "plan.json").read_text()).get("notes") or [])
-    except (OSError, ValueError, AttributeError):
-        return []
 
 
 def _plan_html(plan: dict, render) -> str:

@@ -104,8 +104,12 @@ class AdmissionMixin:
         refresh = self._prefix_refresh_calls % _WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._prefix_refresh_calls += 1
         if refresh:
-            self.model.touch_many([req.keys.up_to(req.fill_len)
-                                   for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX])])
+            self.model.touch_many(list(self._refresh_sequences()))
+
+    def _refresh_sequences(self):
+        """The page keys the waiting-queue refresh walks, in its order: the first
+        ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests' whole sequences, head last (lazily)."""
+        return (req.keys.up_to(req.fill_len) for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]))
 
     def _add_one_req(self, req: RefReq, budget: PrefillBudget, can_run: list, extends: dict) -> str:
         """sglang ``init_next_round_input`` + ``add_one_req``: match, budget checks, lock."""

@@ -246,8 +246,7 @@ class CoalesceMixin:
             if head is not None:
                 if touches is not None:  # the refresh comes between the matches before and this one
                     if deferred:
-                        tree.clock += deferred - 1  # the ticks of the matches not repeated
-                        model.match(head.keys, max_tokens=head.max_tokens)
+                        self._apply_head_matches(head, deferred)
                         deferred = 0
                     tree.apply_touches(touches)
                     self.stretch_refreshes += 1
@@ -303,9 +302,8 @@ class CoalesceMixin:
             if head is not None:
                 self._prefix_refresh_calls = refresh
                 if deferred:
-                    tree.clock += deferred - 1  # the ticks of the matches not repeated
-                    model.match(head.keys, max_tokens=head.max_tokens)
-                head.version = tree.version
+                    self._apply_head_matches(head, deferred)
+                head.version = model.tree.version
         return ran
 
     def _refresh_touches(self, due: int) -> list | None:
@@ -313,14 +311,18 @@ class CoalesceMixin:
         to apply inside the stretch, or None when it cannot run there: an arrival due now would
         join the first ``_WAITING_QUEUE_PREFIX_MATCH_MAX`` it walks, or a walk is not memoized
         (it may split, which changes the head's match)."""
-        waiting = self.waiting
-        if due > self._next_arrival and len(waiting) < _REFRESH_MAX:
+        if due > self._next_arrival and len(self.waiting) < _REFRESH_MAX:
             return None
         model = self.model
         # lazily, newest first (the walk order): a request that arrived since the last refresh has
         # no memoized walk, and the check stops there
-        keys = (model.refresh_key(req.keys.up_to(req.fill_len)) for req in reversed(waiting[:_REFRESH_MAX]))
-        return model.tree.memo_touches(keys)
+        return model.tree.memo_touches(model.refresh_key(k) for k in self._refresh_sequences())
+
+    def _apply_head_matches(self, head: HeadRefusal, n: int) -> None:
+        """The effects of the head's ``n`` (> 0) matches a stretch deferred: the last one run, the
+        tree clock advanced by the ticks of the others."""
+        self.model.tree.clock += n - 1
+        self.model.match(head.keys, max_tokens=head.max_tokens)
 
     def _stretch_releases(self, batch, rows, trig, lag: int) -> int:
         """The out-of-window releases due at this step, in batch order (the normal path's test per
