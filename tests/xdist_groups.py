@@ -66,6 +66,7 @@ UNIT_SECONDS: dict[str, float] = {
     "tests/claims/test_chunked_release.py": 21.1,
     "tests/claims/test_admission.py": 20.4,
     "tests/runs/test_plan_faults.py": 25.0,  # measured alone, quiet (2026-12-03)
+    "tests/faults/test_replay_faults.py": 61.0,  # measured alone, one core busy elsewhere (2026-12-03)
 }
 # Units scheduled as one (on one worker, one after the other, in this order): the units whose
 # tests call into the DeepSeek-V4 fork's codes in the worker's own process. Those calls go to

@@ -30,11 +30,27 @@ STATS_ARGS = ("used", "evictable", "protected", "held")
 LEDGER_RESAMPLE = "10ms"
 
 
+def _recorder_problems(t) -> list:
+    """The rank-file problems of a trace that a recorder wrote (none for a workload, which has
+    no rank files)."""
+    from tracer.schema import manifest as _manifest
+    from replay.trace_checks import check_ranks_accounting
+
+    if not any(_manifest.rank_file(t.path, r).is_file() for r in t.ranks):
+        return []
+    return check_ranks_accounting(t)
+
+
 def require_memory_rows(trace, command: str):
     """The trace, or KvtraceError when it is a workload (request rows only: no ``pool`` and no
     ``stats`` rows), naming what is missing and how to get a trace that has them."""
     t = as_trace(trace)
     if not t.rows("pool") and not t.rows("stats"):
+        recorded = [q.message for q in _recorder_problems(t)]
+        if recorded:  # a recorder ran (rank files) but ended before its first pool rows reached disk
+            raise KvtraceError(
+                f"{t.path}: the recording holds no pool and no stats rows ({t.rows('request'):,} request "
+                f"rows): {'; '.join(recorded[:2])}; {command} needs pool memory: record or replay it again")
         raise KvtraceError(
             f"{t.path}: a workload, not a recorded trace: 0 pool rows and 0 stats rows "
             f"({t.rows('request'):,} request rows); {command} needs pool memory: record it first "

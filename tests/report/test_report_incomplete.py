@@ -17,6 +17,8 @@ _CHILD = textwrap.dedent("""
     from tracer.schema import Pool, PoolOp
     tracer.start(sys.argv[1], clock="manual", buffer_events=16 if sys.argv[2] == "burst" else 1024,
                  flush_interval_ms=60_000, poll_interval_ms=60_000)
+    if sys.argv[2] == "kill-at-once":
+        os.kill(os.getpid(), signal.SIGKILL)  # before any row reached disk
     for step in range(400):
         tracer.set_clock(1_000_000 * step)
         tracer.pool(Pool.FULL, PoolOp.ALLOC, step, 16, 1, 0)
@@ -31,7 +33,7 @@ _CHILD = textwrap.dedent("""
 
 def _record(path, how):
     p = subprocess.run([sys.executable, "-c", _CHILD, str(path), how], capture_output=True, text=True, timeout=120)
-    assert p.returncode == (-signal.SIGKILL if how == "kill" else 0), p.stderr
+    assert p.returncode == (-signal.SIGKILL if how.startswith("kill") else 0), p.stderr
     return path
 
 
@@ -63,3 +65,13 @@ def test_a_report_of_a_trace_with_drops_counts_them(tmp_path):
     rep = build_report(t, tmp_path / "r.html", diagnose=False)
     (w,) = rep["incomplete"]
     assert "events lost (counted in the drops family)" in w, w
+
+
+def test_a_report_of_a_recording_killed_before_its_first_rows_names_the_crash(tmp_path):
+    """Not "a workload, not a recorded trace" (what it said before): the recorder ran and crashed."""
+    t = _record(tmp_path / "empty", "kill-at-once")
+    assert run("recover", t).returncode in (0, 1)
+    res = run("report", t, "--out", tmp_path / "r.html")
+    assert res.returncode == 2 and res.stderr.count("kvtrace: error:") == 1 and "Traceback" not in res.stderr
+    assert "the recording holds no pool and no stats rows" in res.stderr, res.stderr
+    assert "rank 0 was recovered after it ended crashed" in res.stderr and "a workload" not in res.stderr
