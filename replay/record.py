@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -201,21 +202,57 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 
 @contextmanager
-def signals_as_interrupts():
-    """While active (main thread only), SIGTERM raises KeyboardInterrupt("SIGTERM") like SIGINT
-    does, so ``record_workload`` stops the recorder cleanly and marks the trace interrupted."""
+def signals_as_interrupts(retry_s: float = 0.0005, give_up_s: float = 5.0):
+    """While active (main thread only), SIGINT and SIGTERM raise ``KeyboardInterrupt`` (with
+    "SIGTERM" as its argument for SIGTERM), so ``record_workload`` stops the recorder cleanly and
+    marks the trace interrupted. A signal that arrives while the recorder's bookkeeping runs (an
+    emit between issuing its seq and keeping its row, :func:`tracer.critical.in_recorder`) raises
+    only once that has returned: a one-shot ``SIGALRM`` timer looks again every ``retry_s``, and
+    raises regardless after ``give_up_s``. SIGINT is taken over only from Python's default handler
+    (an ignored one stays ignored)."""
     import signal
     import threading
+
+    from tracer.critical import in_recorder
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    pending: list = []  # [(signal name, monotonic time of arrival)] while an interrupt waits
 
-    def on_term(signum, _frame):
-        raise KeyboardInterrupt("SIGTERM")
+    def interrupt(name: str):
+        raise KeyboardInterrupt("SIGTERM") if name == "SIGTERM" else KeyboardInterrupt()
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    def on_signal(signum, frame):
+        name = signal.Signals(signum).name
+        if pending:  # one waits already: it raises soon
+            return
+        if in_recorder(frame):
+            pending.append((name, time.monotonic()))
+            signal.setitimer(signal.ITIMER_REAL, retry_s)
+            return
+        interrupt(name)
+
+    def on_alarm(_signum, frame):
+        if not pending:
+            return
+        name, since = pending[0]
+        if in_recorder(frame) and time.monotonic() - since < give_up_s:
+            signal.setitimer(signal.ITIMER_REAL, retry_s)
+            return
+        pending.clear()
+        interrupt(name)
+
+    handled = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler else [])
+    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, on_alarm)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if pending:  # arrived in the last bookkeeping: raise it now that the recording has ended
+            name = pending[0][0]
+            pending.clear()
+            interrupt(name)
