@@ -11,8 +11,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from tests.faults.util import accounting
 
 TRIALS = 60
