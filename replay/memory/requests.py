@@ -25,6 +25,8 @@ class ReqState:
         seq_tokens: tokens with KV allocated.
         protected_tokens: tree-owned prefix (page-aligned; SGLang ``cache_protected_len``).
         swa_evicted_tokens: SWA freed below this (page-aligned).
+        swa_released_tokens: SWA slots freed out of window so far (``release_out_of_window``; the
+            evicted length also moves where nothing is freed: its lift to the dead floor).
         inserted_tokens: tokens already inserted by this request (``cache_inserted_len``).
         priority: request priority (for the ``priority`` eviction policy).
         swa_branching_tokens: pending SWA branching point from the match, if any.
@@ -39,6 +41,7 @@ class ReqState:
     seq_tokens: int = 0
     protected_tokens: int = 0
     swa_evicted_tokens: int = 0
+    swa_released_tokens: int = 0
     inserted_tokens: int = 0
     priority: int = 0
     swa_branching_tokens: int | None = None
@@ -132,6 +135,7 @@ def release_out_of_window(
     new = max(evicted, threshold) // page_size * page_size
     if new <= evicted:
         return 0
-    freed = pools.free_swa_of(req.pages[evicted // page_size : new // page_size])
+    freed = pools.free_swa_of(req.pages[evicted // page_size : new // page_size]) * page_size
     req.swa_evicted_tokens = new
-    return freed * page_size
+    req.swa_released_tokens += freed
+    return freed

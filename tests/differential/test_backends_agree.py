@@ -98,3 +98,26 @@ def test_backends_agree_step_by_step(runs, case):
     d = diff_runs(ref, real, context=2)
     assert d.identical, f"{case.name}: reference (A) vs sglang (B)\n{d.text()}"
     assert request_hits(ref).to_dicts() == request_hits(real).to_dicts()
+
+
+def _swa_released_by_request(path) -> dict:
+    import polars as pl
+
+    rows = pl.read_parquet(f"{path}/cache/rank=0/*.parquet").filter(pl.col("op").cast(pl.Utf8) == "swa_release")
+    return dict(rows.group_by("rid").agg(pl.col("swa_tokens").sum()).iter_rows())
+
+
+def test_swa_released_tokens_agree_request_by_request(runs):
+    """The SWA slots freed out of window, summed per request, are the same on both backends: the
+    hook counts the slots the call freed (not the evicted length's lift to ``swa_dead_lo``), the
+    reference the pages its release freed, at decode and at a chunk's insert alike."""
+    compared, wrong = 0, []
+    for name, (ref, real) in runs.items():
+        a, b = _swa_released_by_request(ref), _swa_released_by_request(real)
+        compared += sum(a.values())
+        if a != b:
+            rid = next(r for r in sorted(set(a) | set(b)) if a.get(r) != b.get(r))
+            wrong.append(f"{name}: request {rid}: reference {a.get(rid, 0)} sglang {b.get(rid, 0)} "
+                         f"(totals {sum(a.values())} / {sum(b.values())})")
+    assert not wrong, "\n".join(wrong)
+    assert compared > 0

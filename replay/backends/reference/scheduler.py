@@ -317,7 +317,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
     def _checkpoint(self, req: RefReq) -> None:
         """Unfinished insert of the computed KV (sglang ``checkpoint_kv_cache``)."""
         st = self.model.request(req.rid)
-        before = st.swa_evicted_tokens
+        before = st.swa_released_tokens
         prot0 = st.protected_tokens
         self.model.checkpoint(req.rid, page_hashes=req.keys.up_to(st.seq_tokens))
         self._emit_inserted(req, st, before, prot0)
@@ -335,9 +335,9 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         if self.chunked_req is req:
             self.chunked_req = None
 
-    def _emit_inserted(self, req, st, swa_before: int, prot0: int) -> None:
-        if st.swa_evicted_tokens > swa_before:
-            tracer.cache(int(CacheOp.SWA_RELEASE), req.rid, 0, 0, 0, 0, st.swa_evicted_tokens - swa_before)
+    def _emit_inserted(self, req, st, released_before: int, prot0: int) -> None:
+        if st.swa_released_tokens > released_before:  # the slots the insert's release freed
+            tracer.cache(int(CacheOp.SWA_RELEASE), req.rid, 0, 0, 0, 0, st.swa_released_tokens - released_before)
         tracer.cache(int(CacheOp.INSERT), req.rid, 0, 0, 0, max(0, st.protected_tokens - prot0))
 
     def _complete(self, req: RefReq, reason: str) -> None:

@@ -5,7 +5,8 @@ functions, rebound in every sglang module that imported them by name):
   request's protected prefix and private tokens), and the ``finish``/``abort`` ``request`` row
   of a finished request; at ``steps`` only the latter;
 - ``free_swa_out_of_window_slots(...)`` (every decode step of a request past the window may
-  call it): one ``swa_release`` row with the SWA tokens it released; ``counts``/``pages``.
+  call it): one ``swa_release`` row with the SWA slots it freed (from the evicted length lifted
+  to ``swa_dead_lo``, which frees nothing, to the new one); ``counts``/``pages``.
 
 Both attribute the pool rows they cause to their request (``S.cur_rid``).
 """
@@ -66,27 +67,45 @@ def _releases_nothing(req, pre_len, window, ct, interval) -> bool:
         return False
 
 
-def _swa_release_pre(req, ct):
-    """(SWA evicted length before, rid, previous rid); attributes the frees inside to ``req``."""
+def _swa_free_floor(req, ct, ps: int, before: int) -> int:
+    """Where the call's free starts: sglang first lifts the evicted length to the lowest position
+    the request may free itself (``swa_dead_lo`` for the SWA component, the tree-owned prefix
+    otherwise), which frees nothing; every page from there to the new evicted length is freed
+    (sglang expects each to hold an SWA peer). ``before`` where the request cannot tell."""
+    try:
+        kv = req.kv
+        lo = kv.swa_dead_lo(ps) if getattr(ct, "name", None) == "SWA" else kv.cache_protected_len
+        return max(before, int(lo))
+    except Exception:
+        return before
+
+
+def _swa_release_pre(req, ct, ps):
+    """(where the call's free starts, rid, previous rid), or None where the evicted length
+    cannot be read; attributes the frees inside to ``req``."""
     try:
         before = req.kv.get_evicted_seqlen(ct)
     except Exception:
         before = None
+    floor = None if before is None else _swa_free_floor(req, ct, ps, before)
     rid = state.rid_of(req)
     prev_rid, S.cur_rid = S.cur_rid, rid
-    return before, rid, prev_rid
+    return floor, rid, prev_rid
 
 
 def _swa_release_post(req, ct, pre, t0: int) -> None:
-    before, rid, prev_rid = pre
+    """The ``swa_release`` row: the SWA slots the call freed, from the lifted floor to the new
+    evicted length (the lift itself, below the floor, frees nothing)."""
+    floor, rid, prev_rid = pre
     S.cur_rid = prev_rid
-    if before is not None:
-        try:
-            freed = req.kv.get_evicted_seqlen(ct) - before
-            if freed > 0:
-                cache_row(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0, perf_counter_ns() - t0)
-        except Exception as e:
-            state.note_failure("radix.swa_release", e)
+    if floor is None:
+        return
+    try:
+        freed = req.kv.get_evicted_seqlen(ct) - floor
+        if freed > 0:
+            cache_row(SWA_RELEASE, rid, 0, 0, 0, 0, freed, 0, 0, 0, perf_counter_ns() - t0)
+    except Exception as e:
+        state.note_failure("radix.swa_release", e)
 
 
 _SWA_RELEASE_PARAMS = (
@@ -103,7 +122,7 @@ CONTRACTS: tuple[Contract, ...] = (
              reads=(_KV + "kv_allocated_len", _KV + "cache_protected_len")),
     Contract("cache.swa_release", _COMMON, None, "free_swa_out_of_window_slots",
              params=_SWA_RELEASE_PARAMS, reads=(_KV + "component_evicted_seqlens",
-                                                _KV + "get_evicted_seqlen")),
+                                                _KV + "get_evicted_seqlen", _KV + "swa_dead_lo")),
 )
 
 
@@ -121,7 +140,7 @@ def _make_free_swa_out_of_window():
             pre = None
             if tracer.pool is not NOOP and not _releases_nothing(req, pre_len, sliding_window_size,
                                                                   component_type, eviction_interval):
-                pre = _swa_release_pre(req, component_type)
+                pre = _swa_release_pre(req, component_type, page_size)
             t0 = perf_counter_ns()
             try:
                 return orig(req, pre_len, sliding_window_size=sliding_window_size,
