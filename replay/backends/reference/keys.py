@@ -1,12 +1,23 @@
-"""Token ids and per-page tree keys of the reference backend's requests.
+"""Per-page tree keys of the reference backend's requests.
 
-Token ids come from the real backend's :class:`replay.backends.sglang.tokens.TokenSynth` (a pure
-numpy module), so both backends see the same prompts and outputs and share exactly the same
-prefixes. A page's key is a chained 64-bit hash of every token up to the page's end: each page's
-tokens are hashed (position in the page mixed in, splitmix64 per token, summed, mixed again) and
-the chain is a polynomial over those page hashes modulo 2^64 (``c_k = c_{k-1} * P + h_k``) with a
-final splitmix64, so a run of new pages is hashed with a few numpy operations (no Python call per
-page). Equal keys = equal token prefixes (up to a ~2^-63 collision per pair of pages).
+A page's key is a chained 64-bit hash of everything up to the page's end: ``c_k = c_{k-1} * P +
+d_k`` modulo 2^64 (a polynomial over per-page digests ``d_k``) with a final splitmix64, so a run
+of pages is keyed with a few numpy operations (no Python call per page). Equal keys = equal
+token prefixes (up to a ~2^-63 collision per pair of pages), which is all the tree reads of them.
+
+A page's digest comes from where its tokens come from. Token ids are the real backend's
+(:class:`replay.backends.sglang.tokens.TokenSynth`): a token of a hash block is a function of the
+block's hash and its offset in the block, any other token is unique to its request and position.
+- Pages whose tokens all lie in the sequence's leading run of hash-block tokens
+  (``TokenSynth.block_origin``: the prompt's hashed blocks, continued into outputs copied from the
+  next turn) take their digest from those hashes and offsets (:func:`block_page_digests`):
+  nothing is synthesized or hashed per token, and the run is a function of the tokens' origins,
+  so two sequences with equal tokens up to a page classify it alike.
+- Any other page hashes its token ids (:func:`token_page_digests`: each token mixed with its
+  position in the page, splitmix64, summed, mixed again), synthesized lazily, a slice at a time.
+So the keys have exactly the equalities of keys hashed from the token ids alone
+(``tests/reference/test_keys_reuse.py`` checks the one-to-one correspondence on every request of
+the bundled workloads at several page sizes); the hash values differ, which nothing reads.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ _P_INV = pow(_P, -1, 1 << 64)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _POS = np.uint64(0xC2B2AE3D27D4EB4F)
+_POS_B = np.uint64(0x165667B19E3779F9)  # block-origin digests: place of a block / offset of a page
+_SALT_B = np.uint64(0x27D4EB2F165667C5)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -54,38 +67,60 @@ class _Powers:
 _POWERS = _Powers()
 
 
-def page_keys(tokens: np.ndarray, page_size: int, prev: int = 0, chains: list | None = None
-              ) -> tuple[list[int], int]:
-    """Keys of the whole pages of ``tokens`` chained after ``prev``.
-
-    Args:
-        tokens: int64 token ids (a multiple of ``page_size`` long).
-        page_size: tokens per page.
-        prev: the chain value after the previous page (0 at the start of a sequence).
-        chains: when given, the chain value after each page is appended to it.
-    Returns:
-        (keys as non-negative Python ints < 2^63, the chain value after the last page).
-    """
+def token_page_digests(tokens: np.ndarray, page_size: int) -> np.ndarray:
+    """Digests of the whole pages of ``tokens`` (int64 ids) from the ids themselves."""
     m = len(tokens) // page_size
+    with np.errstate(over="ignore"):
+        x = np.ascontiguousarray(tokens[:m * page_size], dtype=np.int64).view(np.uint64).reshape(m, page_size)
+        pos = (np.arange(1, page_size + 1, dtype=np.uint64) * _POS)
+        return _mix64(_mix64(x + pos).sum(axis=1, dtype=np.uint64))
+
+
+def block_page_digests(hashes: np.ndarray, block_tokens: int, page_size: int, first: int, end: int) -> np.ndarray:
+    """Digests of pages ``first..end-1`` whose tokens are all hash-block tokens (block ``b`` of
+    ``hashes`` at position ``b * block_tokens``): from the hashes and offsets, no token ids. A
+    page of whole blocks mixes each block's hash with its place in the page; a page inside one
+    block mixes the block's hash with the page's offset in it. Only for page sizes that are a
+    multiple or a divisor of ``block_tokens``."""
+    with np.errstate(over="ignore"):
+        if page_size % block_tokens == 0:
+            k = page_size // block_tokens
+            h = np.asarray(hashes[first * k:end * k], dtype=np.uint64).reshape(end - first, k)
+            place = np.arange(1, k + 1, dtype=np.uint64) * _POS_B
+            return _mix64(_mix64(h + place).sum(axis=1, dtype=np.uint64) ^ _SALT_B)
+        per = block_tokens // page_size
+        j = np.arange(first, end, dtype=np.int64)
+        h = np.asarray(hashes, dtype=np.uint64)[j // per]
+        offset = (j % per + 1).astype(np.uint64) * _POS_B
+        return _mix64(_mix64(h ^ offset) ^ _SALT_B)
+
+
+def chain_keys(digests: np.ndarray, prev: int = 0) -> tuple[list[int], int]:
+    """Keys of pages with these digests chained after ``prev`` (0 at the start of a sequence):
+    (keys as non-negative Python ints < 2^63, the chain value after the last page)."""
+    m = len(digests)
     if m == 0:
         return [], prev
     with np.errstate(over="ignore"):
-        x = np.ascontiguousarray(tokens, dtype=np.int64).view(np.uint64).reshape(m, page_size)
-        pos = (np.arange(1, page_size + 1, dtype=np.uint64) * _POS)
-        h = _mix64(_mix64(x + pos).sum(axis=1, dtype=np.uint64))
         pw, pwi = _POWERS.get(m)
-        s = np.cumsum(h * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
-        c = pw * s  # c_k = P^k * (P * prev + sum_j h_j P^-j)
+        s = np.cumsum(digests * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
+        c = pw * s  # c_k = P^k * (P * prev + sum_j d_j P^-j)
         keys = (_mix64(c) >> np.uint64(1)).tolist()
-    if chains is not None:
-        chains.extend(c.tolist())
     return keys, int(c[-1])
+
+
+def page_keys(tokens: np.ndarray, page_size: int, prev: int = 0) -> tuple[list[int], int]:
+    """Keys of the whole pages of ``tokens`` chained after ``prev``, every page from its token ids.
+
+    Returns:
+        (keys as non-negative Python ints < 2^63, the chain value after the last page).
+    """
+    return chain_keys(token_page_digests(tokens, page_size), prev)
 
 
 class LazyPrompt:
     """A prompt's token ids synthesized on demand, a slice at a time (``synth.sequence_slice``):
-    a request whose leading pages are adopted from its session's previous turn never builds
-    them."""
+    the pages keyed from block hashes never build theirs."""
 
     __slots__ = ("synth", "wreq", "length")
 
@@ -109,18 +144,26 @@ class PageKeys:
         tokens: the prompt's token ids (an array, or a :class:`LazyPrompt`).
         page_size: tokens per page.
         extra: the tokens after the prompt, appended to by the caller (a new list when None).
+        blocks: ``(B, hashes, block_tokens)``: the sequence's first ``B`` tokens are hash-block
+            tokens (``TokenSynth.block_origin``); those pages are keyed from the hashes. None:
+            every page from its token ids.
     """
 
-    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "chains", "_last")
+    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "_last", "_blocks", "_block_pages")
 
-    def __init__(self, tokens, page_size: int, extra: list[int] | None = None) -> None:
+    def __init__(self, tokens, page_size: int, extra: list[int] | None = None, blocks=None) -> None:
         self.prompt = tokens if isinstance(tokens, LazyPrompt) else np.ascontiguousarray(tokens, dtype=np.int64)
         self.prompt_len = len(self.prompt)
         self.extra = [] if extra is None else extra
         self.ps = page_size
         self.keys: list[int] = GrowingKeys()  # append-only: the tree memoizes its key comparisons
-        self.chains: list[int] = []  # the chain value after each keyed page
         self._last = 0  # the chain value after the last keyed page
+        self._blocks = blocks
+        self._block_pages = 0  # pages keyed from block hashes (the first ones)
+        if blocks is not None:
+            end, _, bt = blocks
+            if page_size % bt == 0 or bt % page_size == 0:
+                self._block_pages = end // page_size
 
     @property
     def num_tokens(self) -> int:
@@ -128,20 +171,6 @@ class PageKeys:
 
     def append(self, token: int) -> None:
         self.extra.append(int(token))
-
-    def adopt(self, other: PageKeys, pages: int) -> None:
-        """Take the first ``pages`` keys of ``other``, a sequence whose first ``pages * ps``
-        tokens are this one's (the caller knows: equal hash blocks give equal tokens), instead of
-        hashing them again. Only before any key of this sequence is computed."""
-        if self.keys or pages <= 0:
-            return
-        other.up_to(pages * self.ps)
-        pages = min(pages, len(other.keys))
-        if pages <= 0:
-            return
-        self.keys.extend(other.keys[:pages])
-        self.chains.extend(other.chains[:pages])
-        self._last = self.chains[-1]
 
     def _tokens(self, start: int, end: int) -> np.ndarray:
         p = self.prompt_len
@@ -156,13 +185,20 @@ class PageKeys:
         keys = self.keys
         total = self.prompt_len + len(self.extra)
         n = (num_tokens if num_tokens < total else total) // self.ps
-        if n == len(keys):
+        have = len(keys)
+        if n == have:
             return keys
-        if len(keys) < n:
-            ps = self.ps
-            new, self._last = page_keys(self._tokens(len(keys) * ps, n * ps), ps, self._last, self.chains)
-            keys.extend(new)
+        if have < n:
+            ps, nb = self.ps, self._block_pages
+            if have < nb:
+                _, hashes, bt = self._blocks
+                new, self._last = chain_keys(block_page_digests(hashes, bt, ps, have, min(n, nb)), self._last)
+                keys.extend(new)
+                have = len(keys)
+            if have < n:
+                new, self._last = page_keys(self._tokens(have * ps, n * ps), ps, self._last)
+                keys.extend(new)
         return keys if n == len(keys) else keys[:n]
 
 
-__all__ = ["LazyPrompt", "PageKeys", "page_keys"]
+__all__ = ["LazyPrompt", "PageKeys", "block_page_digests", "chain_keys", "page_keys", "token_page_digests"]

@@ -14,14 +14,15 @@ class RefReq:
                  "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
                  "retracted", "first_prefix", "decode_batch_idx", "finish_index")
 
-    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int) -> None:
+    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int, blocks=None) -> None:
         self.wreq = wreq
         self.rid = int(wreq.rid)
         self.input_len = int(wreq.input_len)
         self.max_new_tokens = max_new_tokens
         self.plan = plan
         self.output_ids: list[int] = []
-        self.keys = PageKeys(prompt, ps, self.output_ids)  # keys read the output ids as they grow
+        # keys read the output ids as they grow; ``blocks``: the hash-block run (``PageKeys``)
+        self.keys = PageKeys(prompt, ps, self.output_ids, blocks)
         self.prefix_len = 0
         self.extend_end = 0
         self.in_model = False

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from time import perf_counter_ns
 
-import numpy as np
-
 import tracer
 from replay.backends.base import RunResult, StepRecord
 from replay.backends.reference.admission import AdmissionMixin
@@ -69,11 +67,6 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if alloc is not None:
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
-        self._session_keys: dict[int, tuple] = {}  # session -> (its last arrived turn, that turn's PageKeys)
-        # first hash block -> the rid of the last request that begins with it (blocks that begin
-        # two or more requests), and -> (the last such request arrived, its PageKeys)
-        self._first_block_last = _shared_first_blocks(self.workload.requests)
-        self._first_block_keys: dict[int, tuple] = {}
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
@@ -169,10 +162,12 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             self._next_arrival += 1
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
-            prompt = LazyPrompt(self._synth, wreq, int(wreq.input_len))
-            req = RefReq(wreq, prompt, self._synth.output_ids(wreq), s.page_size,
-                         self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)))
-            self._adopt_prefix_keys(req, wreq)
+            synth = self._synth
+            prompt = LazyPrompt(synth, wreq, int(wreq.input_len))
+            end, hashes = synth.block_origin(wreq)
+            req = RefReq(wreq, prompt, synth.output_ids(wreq), s.page_size,
+                         self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)),
+                         (end, hashes, synth.block_tokens))
             self._active[req.rid] = req
             # shared prefixes written once, as the hooks write a declared prompt's arrival
             prefix_rid, prefix_blocks, new = self._prefixes.encode(req.rid, wreq.page_hashes, chained=False)
@@ -188,40 +183,6 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         """Whether an arriving request is aborted at once: its prompt and a page do not fit the
         empty full pool."""
         return wreq.input_len + self.settings.page_size >= self.settings.full_pool_tokens
-
-    def _adopt_prefix_keys(self, req: RefReq, wreq) -> None:
-        """Reuse the page keys of an earlier request for the leading pages whose hash blocks are
-        the same (equal blocks are equal tokens, so equal keys): a new request hashes and
-        synthesizes only what is new. The sources: the session's previous turn, and the last
-        request that began with the same hash block (a shared system prompt across sessions),
-        whichever shares more pages. A session's entry is dropped at its last turn, a first
-        block's at the last request that begins with it."""
-        bt, ps = self._synth.block_tokens, self.settings.page_size
-        sid = int(wreq.session_id)
-        src, pages = None, 0
-        prev = self._session_keys.get(sid) if sid >= 0 else None
-        if prev is not None:
-            src, pages = prev[1], _shared_block_pages(prev[0], wreq, bt, ps)
-        first = int(wreq.page_hashes[0]) if len(wreq.page_hashes) else None
-        last = self._first_block_last.get(first)
-        if last is not None:
-            other = self._first_block_keys.get(first)
-            if other is not None:
-                n = _shared_block_pages(other[0], wreq, bt, ps)
-                if n > pages:
-                    src, pages = other[1], n
-            if last == wreq.rid:
-                self._first_block_keys.pop(first, None)
-            else:
-                self._first_block_keys[first] = (wreq, req.keys)
-        if src is not None:
-            req.keys.adopt(src, pages)
-        if sid < 0:
-            return
-        if wreq.rid in self._synth._next_turn:
-            self._session_keys[sid] = (wreq, req.keys)
-        else:
-            self._session_keys.pop(sid, None)
 
     def _max_new_tokens(self, input_len: int, max_new_tokens: int) -> int:
         """sglang ``Scheduler.init_req_max_new_tokens``: ``max_new_tokens`` clipped to the request
@@ -396,34 +357,6 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
     def _occ_text(self) -> str:
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
-
-
-def _shared_first_blocks(requests) -> dict[int, int]:
-    """First hash block -> the rid of the last request (in arrival order) that begins with it, for
-    the blocks that begin two or more requests."""
-    last: dict[int, int] = {}
-    count: dict[int, int] = {}
-    for r in requests:
-        if len(r.page_hashes):
-            h = int(r.page_hashes[0])
-            last[h] = r.rid
-            count[h] = count.get(h, 0) + 1
-    return {h: rid for h, rid in last.items() if count[h] > 1}
-
-
-def _shared_block_pages(a, b, block_tokens: int, ps: int) -> int:
-    """Leading whole pages of ``a``'s and ``b``'s prompts that lie in equal hash blocks (0 when a
-    page is not a whole number of blocks)."""
-    if ps % block_tokens:
-        return 0
-    per = ps // block_tokens
-    ha, hb = a.page_hashes, b.page_hashes
-    pages = min(min(len(ha) * block_tokens, int(a.input_len)), min(len(hb) * block_tokens, int(b.input_len))) // ps
-    n = pages * per
-    if n <= 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(ha[:n]) != np.asarray(hb[:n]))
-    return (int(diff[0]) if len(diff) else n) // per
 
 
 __all__ = ["ReferenceBackend", "RefReq"]

@@ -127,16 +127,47 @@ class TokenSynth:
                                session_id=req.session_id, turn=req.turn, output_len=req.output_len,
                                arrival_ns=req.arrival_ns)
 
-    def output_ids(self, req: WorkloadRequest) -> list[int]:
-        """The ``output_len`` tokens the request will generate, in order."""
-        n_out = req.output_len
-        ids = unique_token_ids(req.rid, req.input_len, req.input_len + n_out)
+    def _copied_from(self, req: WorkloadRequest) -> tuple[WorkloadRequest | None, int]:
+        """(the next turn whose prompt tokens the first outputs are, how many), or (None, 0): the
+        next turn of the session extends this prompt (all its full blocks equal)."""
         nxt = self._next_turn.get(req.rid)
         full = req.input_len // self.block_tokens
         if (nxt is not None and nxt.input_len > req.input_len and full <= len(nxt.page_hashes)
                 and full <= len(req.page_hashes)
                 and np.array_equal(nxt.page_hashes[:full], req.page_hashes[:full])):
-            shared = min(n_out, nxt.input_len - req.input_len)
+            return nxt, min(req.output_len, nxt.input_len - req.input_len)
+        return None, 0
+
+    def block_origin(self, req: WorkloadRequest) -> tuple[int, np.ndarray]:
+        """The leading tokens of the request's whole sequence (prompt, then :meth:`output_ids`) that
+        are all tokens of hash blocks, each block's from one hash: ``(B, hashes)``, every token at
+        position ``p < B`` being :func:`block_token_ids` of ``hashes[p // block_tokens]`` at offset
+        ``p % block_tokens``. The prompt's hashed blocks, continued into the outputs copied from the
+        next turn where the prompt ends inside the hashed blocks and no block changes its hash
+        there. A function of the tokens' origins only, so two sequences with the same tokens up to
+        ``p <= B`` agree on it (``replay.backends.reference.keys`` keys such pages by hash)."""
+        bt, n = self.block_tokens, req.input_len
+        own = req.page_hashes
+        covered = min(n, len(own) * bt)
+        if covered < n:  # the prompt's tail is the request's own tokens
+            return covered, own
+        nxt, shared = self._copied_from(req)
+        if shared and shared == req.output_len and req.output_len < req.max_new_tokens:
+            shared -= 1  # the last output is EOS
+        if nxt is None or shared <= 0:
+            return covered, own
+        theirs = nxt.page_hashes
+        end = min(n + shared, len(theirs) * bt, nxt.input_len)
+        if end <= n or (n % bt and own[n // bt] != theirs[n // bt]):  # none copied, or a block changes hash
+            return covered, own
+        return end, theirs
+
+    def output_ids(self, req: WorkloadRequest) -> list[int]:
+        """The ``output_len`` tokens the request will generate, in order."""
+        n_out = req.output_len
+        ids = unique_token_ids(req.rid, req.input_len, req.input_len + n_out)
+        nxt, shared = self._copied_from(req)
+        if nxt is not None:
             ids[:shared] = self.sequence_slice(nxt, req.input_len, req.input_len + shared)
         tokens = ids.tolist()
         if n_out < req.max_new_tokens:
