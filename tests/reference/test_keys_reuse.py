@@ -1,15 +1,20 @@
-"""The reference backend's page keys, built the fast way (pages in a sequence's leading run of
-hash-block tokens keyed from the block hashes, the rest from token ids synthesized lazily, a slice
-at a time), have exactly the equalities of keys hashed from the whole token sequences: across every
-request of the bundled workloads at page sizes that are multiples, divisors or neither of the hash
-block, prompt and output pages both, a page's fast key and its token key correspond one to one."""
+"""The reference backend's page keys, built from where the tokens come from (pages in a
+sequence's leading run of hash-block tokens from the block hashes, pages inside a run of
+request-unique tokens from the request and the position, any other page from its token ids,
+synthesized lazily), have exactly the equalities of keys hashed from the whole token sequences:
+across every request of the bundled workloads at page sizes that are multiples, divisors or
+neither of the hash block, prompt and output pages both, a page's fast key and its token key
+correspond one to one."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from replay.backends.reference.keys import PageKeys
 from replay.backends.reference.scheduler import ReferenceBackend
@@ -18,6 +23,31 @@ from replay.knobs import resolve
 from replay.workloads import read_workload
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "data" / "workloads"
+
+
+def _pairs(wl, ps: int) -> tuple[list, int, int]:
+    """(fast key, token key) of every page of every request's whole planned sequence, and how
+    many pages were keyed from block hashes and as request-unique."""
+    values, _ = resolve("swa-fixes", [f"page_size={ps}", "full_pool_tokens=" + str(ps << 20)],
+                        wl.manifest.get("server"))
+    pairs, block_pages, unique_pages = [], 0, 0
+    with ReferenceBackend(wl, from_knobs(values)) as be:
+        be.clock_ns = max(w.arrival_ns for w in wl.requests)
+        be._admit_arrivals()
+        for req in be._active.values():
+            real = be._synth.output_ids(req.wreq)  # the planned output ids (``req.plan`` stands in for them)
+            assert len(real) == len(req.plan) and [t == 0 for t in real] == [t == 0 for t in req.plan]
+            whole = PageKeys(be._synth._sequence(req.wreq, req.input_len), ps, real)
+            a = req.keys.up_to(req.input_len // 2)  # lazily, in two pieces, as a chunked prefill
+            assert a == req.keys.up_to(req.input_len)[:len(a)]
+            req.output_ids.extend(req.plan)  # the output pages, as the decode appends them
+            n = req.input_len + len(req.plan)
+            fast, slow = req.keys.up_to(n), whole.up_to(n)
+            assert len(fast) == len(slow) == n // ps, req.rid
+            pairs += zip(fast, slow)
+            block_pages += req.keys._block_pages
+            unique_pages += sum(max(0, b // ps - -(-a // ps)) for a, b, _ in req.keys._origins.runs)
+    return pairs, block_pages, unique_pages
 
 
 def _one_to_one(pairs) -> None:
@@ -32,29 +62,53 @@ def _one_to_one(pairs) -> None:
 def test_fast_keys_have_the_equalities_of_token_keys(name, ps):
     wl = read_workload(WORKLOADS / name)
     wl.__dict__["requests"] = wl.requests[:150]
-    values, _ = resolve("swa-fixes", [f"page_size={ps}", "full_pool_tokens=" + str(ps << 20)],
-                        wl.manifest.get("server"))
-    pairs, block_pages, shared = [], 0, 0
-    with ReferenceBackend(wl, from_knobs(values)) as be:
-        be.clock_ns = max(w.arrival_ns for w in wl.requests)
-        be._admit_arrivals()
-        reqs = list(be._active.values())
-        for req in reqs:
-            whole = PageKeys(be._synth._sequence(req.wreq, req.input_len), ps, list(req.plan))
-            a = req.keys.up_to(req.input_len // 2)  # lazily, in two pieces, as a chunked prefill
-            assert a == req.keys.up_to(req.input_len)[:len(a)]
-            req.output_ids.extend(req.plan)  # the output pages, as the decode appends them
-            n = req.input_len + len(req.plan)
-            fast, slow = req.keys.up_to(n), whole.up_to(n)
-            assert len(fast) == len(slow) == n // ps, req.rid
-            pairs += zip(fast, slow)
-            block_pages += req.keys._block_pages
+    pairs, block_pages, unique_pages = _pairs(wl, ps)
     _one_to_one(pairs)
-    fast_keys = {f for f, _ in pairs}
-    shared = len(pairs) - len(fast_keys)
-    assert reqs and shared > 0, "no page shared between requests: the check says nothing"
+    assert len(pairs) > len({f for f, _ in pairs}), "no page shared between requests: the check says nothing"
     if ps % wl.hash_block_tokens == 0 or wl.hash_block_tokens % ps == 0:
         assert block_pages > 0, "no page keyed from block hashes"
+    assert unique_pages > 0, "no page keyed as request-unique"
+
+
+def _session_workload(path: Path, seed: int, bt: int, n: int) -> None:
+    """Sessions whose turns extend the previous turn's prompt and output (so outputs are copied
+    from the next turn), prompts that end on a block boundary or inside a block, hashes that
+    cover the prompt's partial last block or stop before it (the next turn's block there having
+    the same hash or another), stops before ``max_new_tokens`` (EOS) and shared first blocks
+    across sessions."""
+    from replay.backends.sglang.workload import write_workload
+
+    rng = random.Random(seed)
+    system = [rng.getrandbits(62) for _ in range(4)]
+    rows, sessions = [], {}
+    for i in range(n):
+        if sessions and rng.random() < 0.6:
+            sid = rng.choice(list(sessions))
+            prev_len, prev_hashes, prev_out = sessions[sid]
+            tokens = prev_len + prev_out + rng.randint(0, 3 * bt)
+            if rng.random() < 0.5:  # the previous partial block's hash is not this turn's block
+                prev_hashes = prev_hashes[:prev_len // bt]
+        else:
+            sid, prev_hashes = len(sessions), system[:rng.randint(0, 4)]
+            tokens = max(1, len(prev_hashes) * bt + rng.randint(-bt, 4 * bt))
+        full = tokens // bt
+        hashes = list(prev_hashes[:full]) + [rng.getrandbits(62) for _ in range(full - min(full, len(prev_hashes)))]
+        if tokens % bt and rng.random() < 0.5:
+            hashes.append(rng.getrandbits(62))  # the partial last block hashed too (imported traces)
+        out = rng.randint(1, 4 * bt)
+        rows.append(dict(rid=i, ts_ns=i, input_len=tokens, page_hashes=hashes, session_id=sid,
+                         turn=i, output_len=out, max_new_tokens=out + rng.choice((0, 0, 1, 5))))
+        sessions[sid] = (tokens, hashes, out)
+    write_workload(path, rows, hash_block_tokens=bt)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31), bt=st.sampled_from((4, 16)), ps=st.sampled_from((1, 2, 4, 6, 8, 16, 32)))
+def test_fast_keys_one_to_one_on_adversarial_sessions(tmp_path_factory, seed, bt, ps):
+    path = tmp_path_factory.mktemp("wl") / "w"
+    _session_workload(path, seed, bt, 60)
+    pairs, _, _ = _pairs(read_workload(path), ps)
+    _one_to_one(pairs)
 
 
 def test_copied_outputs_share_the_next_turns_pages():

@@ -5,19 +5,25 @@ d_k`` modulo 2^64 (a polynomial over per-page digests ``d_k``) with a final spli
 of pages is keyed with a few numpy operations (no Python call per page). Equal keys = equal
 token prefixes (up to a ~2^-63 collision per pair of pages), which is all the tree reads of them.
 
-A page's digest comes from where its tokens come from. Token ids are the real backend's
-(:class:`replay.backends.sglang.tokens.TokenSynth`): a token of a hash block is a function of the
-block's hash and its offset in the block, any other token is unique to its request and position.
-- Pages whose tokens all lie in the sequence's leading run of hash-block tokens
-  (``TokenSynth.block_origin``: the prompt's hashed blocks, continued into outputs copied from the
-  next turn) take their digest from those hashes and offsets (:func:`block_page_digests`):
-  nothing is synthesized or hashed per token, and the run is a function of the tokens' origins,
-  so two sequences with equal tokens up to a page classify it alike.
-- Any other page hashes its token ids (:func:`token_page_digests`: each token mixed with its
-  position in the page, splitmix64, summed, mixed again), synthesized lazily, a slice at a time.
-So the keys have exactly the equalities of keys hashed from the token ids alone
-(``tests/reference/test_keys_reuse.py`` checks the one-to-one correspondence on every request of
-the bundled workloads at several page sizes); the hash values differ, which nothing reads.
+A page's digest comes from where its tokens come from (:class:`SequenceOrigins`). Token ids are
+the real backend's (:class:`replay.backends.sglang.tokens.TokenSynth`): a token of a hash block is
+a function of the block's hash and its offset in the block, a request-unique token of the request
+and its position, and a turn's first outputs are the next turn's prompt tokens.
+- Pages in the sequence's leading run of hash-block tokens (``TokenSynth.block_origin``: the
+  prompt's hashed blocks, continued into the outputs copied from the next turn) take their
+  digest from the hashes and offsets (:func:`block_page_digests`);
+- pages inside one run of request-unique tokens (``TokenSynth.unique_runs``: a prompt's tail past
+  its hashed blocks, the outputs a request generates itself) from the request and the position
+  (:func:`unique_page_digests`);
+- any other page (where one kind of token meets another) from its token ids
+  (:func:`token_page_digests`: each token mixed with its place in the page, splitmix64, summed,
+  mixed again), synthesized for that page only.
+Which kind a page is depends only on where its tokens and those before it come from, so two
+sequences with equal tokens up to a page key it alike: the keys have exactly the equalities of
+keys hashed from the token ids alone (``tests/reference/test_keys_reuse.py`` checks the
+one-to-one correspondence on every request of the bundled workloads and of Hypothesis sessions at
+several page sizes); the hash values differ, which nothing reads. So the scheduler never builds a
+prompt's or an output's token ids (``RefReq.plan`` marks only where the EOS is).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _POS = np.uint64(0xC2B2AE3D27D4EB4F)
 _POS_B = np.uint64(0x165667B19E3779F9)  # block-origin digests: place of a block / offset of a page
 _SALT_B = np.uint64(0x27D4EB2F165667C5)
+_POS_U = np.uint64(0x9FB21C651E98DF25)  # request-unique pages: the page's position
+_SALT_U = np.uint64(0xD1B54A32D192ED03)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -95,6 +103,15 @@ def block_page_digests(hashes: np.ndarray, block_tokens: int, page_size: int, fi
         return _mix64(_mix64(h ^ offset) ^ _SALT_B)
 
 
+def unique_page_digests(rid: int, start: int, page_size: int, count: int) -> np.ndarray:
+    """Digests of ``count`` pages from position ``start`` whose tokens are all unique to request
+    ``rid`` (``unique_token_ids``: a function of the request and the position only)."""
+    with np.errstate(over="ignore"):
+        seed = _mix64(np.array([rid & _MASK], dtype=np.uint64) ^ _SALT_U)
+        pos = np.arange(start + 1, start + 1 + count * page_size, page_size, dtype=np.uint64)
+        return _mix64(_mix64(seed + pos * _POS_U) ^ _SALT_U)
+
+
 def chain_keys(digests: np.ndarray, prev: int = 0) -> tuple[list[int], int]:
     """Keys of pages with these digests chained after ``prev`` (0 at the start of a sequence):
     (keys as non-negative Python ints < 2^63, the chain value after the last page)."""
@@ -135,6 +152,32 @@ class LazyPrompt:
         return self.synth.sequence_slice(self.wreq, start, stop)
 
 
+class SequenceOrigins:
+    """Where the tokens of one request's whole planned sequence come from (see the module
+    docstring): its first ``block_end`` tokens are hash-block tokens of ``hashes``
+    (``block_tokens`` each); ``runs`` are the maximal runs ``(begin, end, rid)`` of
+    request-unique tokens after them; ``tokens(start, stop)`` gives the ids of any other part.
+
+    Args:
+        synth: the workload's :class:`replay.backends.sglang.tokens.TokenSynth`.
+        wreq: the request's workload row.
+    """
+
+    __slots__ = ("synth", "wreq", "block_end", "hashes", "block_tokens", "runs", "_outputs")
+
+    def __init__(self, synth, wreq) -> None:
+        self.synth, self.wreq = synth, wreq
+        self.block_end, self.hashes = synth.block_origin(wreq)
+        self.block_tokens = synth.block_tokens
+        self.runs = synth.unique_runs(wreq, self.block_end)
+        self._outputs = None  # the planned output ids, built the first time a page needs them
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        if stop > self.wreq.input_len and self._outputs is None:
+            self._outputs = self.synth.output_ids(self.wreq)
+        return self.synth.planned_slice(self.wreq, start, stop, self._outputs)
+
+
 class PageKeys:
     """Chained page keys of one token sequence: the prompt, then the tokens of ``extra`` (a list
     the caller appends to, e.g. the request's output ids); keys are computed once per page,
@@ -144,26 +187,27 @@ class PageKeys:
         tokens: the prompt's token ids (an array, or a :class:`LazyPrompt`).
         page_size: tokens per page.
         extra: the tokens after the prompt, appended to by the caller (a new list when None).
-        blocks: ``(B, hashes, block_tokens)``: the sequence's first ``B`` tokens are hash-block
-            tokens (``TokenSynth.block_origin``); those pages are keyed from the hashes. None:
-            every page from its token ids.
+        origins: the :class:`SequenceOrigins` of the planned sequence (``extra`` a prefix of its
+            outputs; only its length is read): pages are keyed from where their tokens come
+            from. None: every page from the token ids of ``tokens`` and ``extra``.
     """
 
-    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "_last", "_blocks", "_block_pages")
+    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "_last", "_origins", "_block_pages")
 
-    def __init__(self, tokens, page_size: int, extra: list[int] | None = None, blocks=None) -> None:
+    def __init__(self, tokens, page_size: int, extra: list[int] | None = None,
+                 origins: SequenceOrigins | None = None) -> None:
         self.prompt = tokens if isinstance(tokens, LazyPrompt) else np.ascontiguousarray(tokens, dtype=np.int64)
         self.prompt_len = len(self.prompt)
         self.extra = [] if extra is None else extra
         self.ps = page_size
         self.keys: list[int] = GrowingKeys()  # append-only: the tree memoizes its key comparisons
         self._last = 0  # the chain value after the last keyed page
-        self._blocks = blocks
+        self._origins = origins
         self._block_pages = 0  # pages keyed from block hashes (the first ones)
-        if blocks is not None:
-            end, _, bt = blocks
+        if origins is not None:
+            bt = origins.block_tokens
             if page_size % bt == 0 or bt % page_size == 0:
-                self._block_pages = end // page_size
+                self._block_pages = origins.block_end // page_size
 
     @property
     def num_tokens(self) -> int:
@@ -179,6 +223,25 @@ class PageKeys:
         tail = np.array(self.extra[max(0, start - p):end - p], dtype=np.int64)
         return tail if start >= p else np.concatenate((self.prompt[start:p], tail))
 
+    def _origin_digests(self, first: int, end: int) -> np.ndarray:
+        """Digests of pages ``first..end-1`` (none in the block run): a page inside one run of
+        request-unique tokens from the run's request and its position, any other from its ids."""
+        ps, org = self.ps, self._origins
+        d = np.empty(end - first, dtype=np.uint64)
+        todo = np.ones(end - first, dtype=bool)
+        for a, b, rid in org.runs:
+            j0, j1 = max(first, -(-a // ps)), min(end, b // ps)
+            if j0 < j1:
+                d[j0 - first:j1 - first] = unique_page_digests(rid, j0 * ps, ps, j1 - j0)
+                todo[j0 - first:j1 - first] = False
+        if todo.any():
+            rest = np.flatnonzero(todo)
+            cuts = np.flatnonzero(np.diff(rest) != 1) + 1  # contiguous groups of such pages
+            for group in np.split(rest, cuts):
+                j0, j1 = first + int(group[0]), first + int(group[-1]) + 1
+                d[j0 - first:j1 - first] = token_page_digests(org.tokens(j0 * ps, j1 * ps), ps)
+        return d
+
     def up_to(self, num_tokens: int) -> list[int]:
         """Keys of the full pages within the first ``num_tokens`` tokens (the object's own list
         when that is every key computed so far: callers copy, never mutate)."""
@@ -189,16 +252,20 @@ class PageKeys:
         if n == have:
             return keys
         if have < n:
-            ps, nb = self.ps, self._block_pages
+            ps, nb, org = self.ps, self._block_pages, self._origins
             if have < nb:
-                _, hashes, bt = self._blocks
-                new, self._last = chain_keys(block_page_digests(hashes, bt, ps, have, min(n, nb)), self._last)
+                new, self._last = chain_keys(block_page_digests(org.hashes, org.block_tokens, ps, have, min(n, nb)),
+                                             self._last)
                 keys.extend(new)
                 have = len(keys)
             if have < n:
-                new, self._last = page_keys(self._tokens(have * ps, n * ps), ps, self._last)
+                if org is None:
+                    new, self._last = page_keys(self._tokens(have * ps, n * ps), ps, self._last)
+                else:
+                    new, self._last = chain_keys(self._origin_digests(have, n), self._last)
                 keys.extend(new)
         return keys if n == len(keys) else keys[:n]
 
 
-__all__ = ["LazyPrompt", "PageKeys", "block_page_digests", "chain_keys", "page_keys", "token_page_digests"]
+__all__ = ["LazyPrompt", "PageKeys", "SequenceOrigins", "block_page_digests", "chain_keys", "page_keys",
+           "token_page_digests", "unique_page_digests"]

@@ -7,6 +7,17 @@ from replay.backends.reference.keys import PageKeys
 EOS_TOKEN_ID = 0
 
 
+def output_plan(wreq) -> list[int]:
+    """The outputs a request will generate, as far as the scheduler reads them: ``output_len``
+    tokens, the last :data:`EOS_TOKEN_ID` when it stops before ``max_new_tokens`` (as
+    ``TokenSynth.output_ids``, whose other ids are never EOS); the others stand in for the ids,
+    which only the page keys need (from :class:`replay.backends.reference.keys.SequenceOrigins`)."""
+    n = int(wreq.output_len)
+    if n <= 0:
+        return []
+    return [1] * (n - 1) + [EOS_TOKEN_ID if n < wreq.max_new_tokens else 1]
+
+
 class RefReq:
     """One request: its workload row, tokens, and scheduling state (sglang ``Req``'s fields)."""
 
@@ -14,15 +25,15 @@ class RefReq:
                  "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
                  "retracted", "first_prefix", "decode_batch_idx", "finish_index")
 
-    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int, blocks=None) -> None:
+    def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int, origins=None) -> None:
         self.wreq = wreq
         self.rid = int(wreq.rid)
         self.input_len = int(wreq.input_len)
         self.max_new_tokens = max_new_tokens
         self.plan = plan
         self.output_ids: list[int] = []
-        # keys read the output ids as they grow; ``blocks``: the hash-block run (``PageKeys``)
-        self.keys = PageKeys(prompt, ps, self.output_ids, blocks)
+        # keys read the output ids as they grow (with ``origins``, only how many: ``PageKeys``)
+        self.keys = PageKeys(prompt, ps, self.output_ids, origins)
         self.prefix_len = 0
         self.extend_end = 0
         self.in_model = False
@@ -51,4 +62,4 @@ class RefReq:
                                           or len(self.output_ids) >= self.max_new_tokens)
 
 
-__all__ = ["EOS_TOKEN_ID", "RefReq"]
+__all__ = ["EOS_TOKEN_ID", "RefReq", "output_plan"]

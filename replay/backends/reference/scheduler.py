@@ -24,8 +24,8 @@ from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
 from replay.backends.reference.coalesce import POOL_IDS as _POOL_IDS, CoalesceMixin
 from replay.backends.reference.decode import DecodeMixin
-from replay.backends.reference.keys import LazyPrompt
-from replay.backends.reference.request import EOS_TOKEN_ID, RefReq
+from replay.backends.reference.keys import LazyPrompt, SequenceOrigins
+from replay.backends.reference.request import EOS_TOKEN_ID, RefReq, output_plan
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
 from tracer.schema import CacheOp, Mode, RequestEvent, SchedKind
@@ -163,11 +163,9 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
             synth = self._synth
-            prompt = LazyPrompt(synth, wreq, int(wreq.input_len))
-            end, hashes = synth.block_origin(wreq)
-            req = RefReq(wreq, prompt, synth.output_ids(wreq), s.page_size,
+            req = RefReq(wreq, LazyPrompt(synth, wreq, int(wreq.input_len)), output_plan(wreq), s.page_size,
                          self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)),
-                         (end, hashes, synth.block_tokens))
+                         SequenceOrigins(synth, wreq))
             self._active[req.rid] = req
             # shared prefixes written once, as the hooks write a declared prompt's arrival
             prefix_rid, prefix_blocks, new = self._prefixes.encode(req.rid, wreq.page_hashes, chained=False)

@@ -162,6 +162,44 @@ class TokenSynth:
             return covered, own
         return end, theirs
 
+    def unique_runs(self, req: WorkloadRequest, start: int) -> list[tuple[int, int, int]]:
+        """The maximal runs ``(begin, end, rid)`` of request-unique tokens (:func:`unique_token_ids`
+        of ``rid``) in the request's whole sequence (prompt, then :meth:`output_ids`) at or after
+        position ``start``, in order: the prompt's tail past its hashed blocks, the outputs it
+        generates itself and, among those copied from the next turn, the next turn's own tail.
+        The closing EOS is in none."""
+        bt, n, n_out = self.block_tokens, req.input_len, req.output_len
+        end = n + n_out - (1 if n_out < req.max_new_tokens else 0)  # the EOS is no request's token
+        runs = []
+        covered = min(n, len(req.page_hashes) * bt)
+        if covered < n:
+            runs.append([covered, n, req.rid])
+        nxt, shared = self._copied_from(req)
+        if nxt is not None and shared > 0:
+            theirs = min(nxt.input_len, len(nxt.page_hashes) * bt)
+            lo, hi = max(n, theirs), min(n + shared, end)
+            if lo < hi:
+                runs.append([lo, hi, nxt.rid])
+        own = n + shared
+        if own < end:
+            if runs and runs[-1][1] == own and runs[-1][2] == req.rid:
+                runs[-1][1] = end
+            else:
+                runs.append([own, end, req.rid])
+        return [(max(a, start), b, rid) for a, b, rid in runs if b > start]
+
+    def planned_slice(self, req: WorkloadRequest, start: int, stop: int, outputs: list[int] | None = None
+                      ) -> np.ndarray:
+        """Token ids ``[start, stop)`` of the request's whole sequence (prompt, then ``outputs``,
+        its :meth:`output_ids` when None)."""
+        n = req.input_len
+        if stop <= n:
+            return self.sequence_slice(req, start, stop)
+        if outputs is None:
+            outputs = self.output_ids(req)
+        tail = np.array(outputs[max(0, start - n):stop - n], dtype=np.int64)
+        return tail if start >= n else np.concatenate((self.sequence_slice(req, start, n), tail))
+
     def output_ids(self, req: WorkloadRequest) -> list[int]:
         """The ``output_len`` tokens the request will generate, in order."""
         n_out = req.output_len
