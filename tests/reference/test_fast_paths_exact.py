@@ -142,3 +142,5 @@ def test_stretches_run_on_a_pressured_swa_workload():
     # the waiting-queue refresh runs inside stretches too (its walks memoized), exactly: the
     # bundled-workload comparisons above cover ``mixed`` with ~45 such refreshes per policy
     assert be.stretch_refreshes > 10, be.stretch_refreshes
+    # and most budget checks of the refused head are proven refused without running them
+    assert be.stretch_checks_skipped > coalesced / 4, (be.stretch_checks_skipped, coalesced)

@@ -137,13 +137,15 @@ class PrefillBudget:
                                dsv4=self.s.kv_stack == "dsv4")
 
     def check_prefill(self, extend: int, total_tokens: int, max_new: int, swa_host_hit: int,
-                      chunk_limit: int | None) -> tuple[bool, int | None, int]:
-        """(admit, chunk limit, SWA need) of an extend (sglang ``check_prefill``)."""
+                      chunk_limit: int | None, total_fits: bool = False) -> tuple[bool, int | None, int]:
+        """(admit, chunk limit, SWA need) of an extend (sglang ``check_prefill``); ``total_fits``:
+        the SWA part alone, as if the total fitted."""
         if not self.s.has_swa:
-            return total_tokens < self.rem_total, (chunk_limit if total_tokens < self.rem_total else None), -1
+            fits = total_fits or total_tokens < self.rem_total
+            return fits, (chunk_limit if fits else None), -1
         extend = ceil_page(extend, self.ps)
         need = self.swa_need(extend, max_new, chunk_limit, swa_host_hit)
-        if total_tokens >= self.rem_total:
+        if not total_fits and total_tokens >= self.rem_total:
             return False, None, need  # the need is still reported, as the tracer's hook does
         rem_swa = self.rem_swa
         if need < rem_swa:

@@ -76,6 +76,8 @@ class CoalesceMixin:
     _head_refusal: HeadRefusal | None = None
     #: waiting-queue prefix refreshes run inside stretches (a diagnostic: the tests see the path run)
     stretch_refreshes: int = 0
+    #: budget checks of a refused head a stretch skipped, proven refused (``_refused_for``; a diagnostic)
+    stretch_checks_skipped: int = 0
 
     @property
     def _eic(self) -> bool:
@@ -197,6 +199,11 @@ class CoalesceMixin:
             budget = PrefillBudget.with_offset(model, s, 0.0)
             budget.lock_full, budget.lock_swa = lock_full, lock_swa
             other_possible = budget.rem_input <= 0 or budget.rem_chunk <= 0
+            # the most the head's total room (``rem_total``) can grow in one step: the reservation
+            # shrinks by at most ``ratio`` per request for the token it decoded and ``decay * CLIP``
+            # per request for the ratio's decay; the free list only shrinks inside a stretch
+            grow_per_request = self.ratio.current + self.ratio.decay * CLIP_MAX_NEW_TOKENS
+        next_check = 0  # the next step whose budget check can admit the head (``_refused_for``)
         eic_head = head is not None and self._eic
         # the requests' lengths, decode indices and output ids lag ``ran - flushed`` steps behind
         # inside the stretch (``_catch_up``); what reads them here adds the lag
@@ -223,17 +230,22 @@ class CoalesceMixin:
                     touches = self._refresh_touches(due)
                     if touches is None:
                         break
-                # ``PrefillBudget.__init__``'s reservation, term by term and in batch order, on the
-                # output lengths this step would see (``ran`` tokens appended since ``left``)
-                ratio = self.ratio.current
-                offset = sum([min(d - ran, CLIP_MAX_NEW_TOKENS) * ratio for d in left])
-                if other_possible and PrefillBudget.with_offset(model, s, offset).state() == "other":
-                    break
-                budget.total_offset = offset
-                ok = budget.check_prefill(head.extend, head.total, head.max_new, head.swa_host_hit,
-                                          budget.rem_chunk)[0]
-                if ok:
-                    break  # admitted at this step: the normal path runs it
+                if ran < next_check and not other_possible:
+                    self.stretch_checks_skipped += 1
+                else:
+                    # ``PrefillBudget.__init__``'s reservation, term by term and in batch order, on
+                    # the output lengths this step would see (``ran`` tokens appended since ``left``)
+                    ratio = self.ratio.current
+                    offset = sum([min(d - ran, CLIP_MAX_NEW_TOKENS) * ratio for d in left])
+                    if other_possible and PrefillBudget.with_offset(model, s, offset).state() == "other":
+                        break
+                    budget.total_offset = offset
+                    ok = budget.check_prefill(head.extend, head.total, head.max_new, head.swa_host_hit,
+                                              budget.rem_chunk)[0]
+                    if ok:
+                        break  # admitted at this step: the normal path runs it
+                    next_check = ran + self._refused_for(budget, head, bs * grow_per_request,
+                                                         countdown if release else _NEVER)
             # -- the step
             t0 = perf_counter_ns()
             clock = self.clock_ns
@@ -305,6 +317,26 @@ class CoalesceMixin:
                     self._apply_head_matches(head, deferred)
                 head.version = model.tree.version
         return ran
+
+    def _refused_for(self, budget: PrefillBudget, head: HeadRefusal, grow: float, countdown: int) -> int:
+        """Checks of the head, this step's included, that are refused as this one was, proven
+        without running them (1: only this one). The check admits only when the head's total fits
+        (``head.total < rem_total``) and its SWA need does (or a shrink cap is positive). Inside a
+        stretch ``rem_total`` grows by at most ``grow`` a step (the free list only shrinks), and
+        the SWA room grows only at a release step (``countdown`` steps from now, 0: this step's,
+        which comes after its check): whichever part failed fails as long as that bound says."""
+        total_room = budget.rem_total
+        short = head.total - total_room  # >= 0: the total does not fit now
+        steps = 1
+        if short >= 0 and grow > 0:
+            # a margin far above the float sum's rounding (<< 1 token)
+            steps = max(steps, int((short - 2.0 - 1e-9 * abs(total_room)) / grow) + 1)
+        if short < 0 or steps == 1:  # the total fits (or may soon): is the SWA part what failed?
+            ok_swa = budget.check_prefill(head.extend, head.total, head.max_new, head.swa_host_hit,
+                                          budget.rem_chunk, total_fits=True)[0]
+            if not ok_swa:
+                steps = max(steps, max(countdown, 0) + 1)
+        return steps
 
     def _refresh_touches(self, due: int) -> list | None:
         """The waiting-queue prefix refresh of this step (``_touch_waiting_prefixes``) as touches
