@@ -112,9 +112,10 @@ def unique_page_digests(rid: int, start: int, page_size: int, count: int) -> np.
         return _mix64(_mix64(seed + pos * _POS_U) ^ _SALT_U)
 
 
-def chain_keys(digests: np.ndarray, prev: int = 0) -> tuple[list[int], int]:
+def chain_keys(digests: np.ndarray, prev: int = 0, chains: list | None = None) -> tuple[list[int], int]:
     """Keys of pages with these digests chained after ``prev`` (0 at the start of a sequence):
-    (keys as non-negative Python ints < 2^63, the chain value after the last page)."""
+    (keys as non-negative Python ints < 2^63, the chain value after the last page); ``chains``:
+    the chain value after each page (a uint64 array) is appended to it."""
     m = len(digests)
     if m == 0:
         return [], prev
@@ -123,6 +124,8 @@ def chain_keys(digests: np.ndarray, prev: int = 0) -> tuple[list[int], int]:
         s = np.cumsum(digests * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
         c = pw * s  # c_k = P^k * (P * prev + sum_j d_j P^-j)
         keys = (_mix64(c) >> np.uint64(1)).tolist()
+    if chains is not None:
+        chains.append(c)
     return keys, int(c[-1])
 
 
@@ -192,7 +195,11 @@ class PageKeys:
             from. None: every page from the token ids of ``tokens`` and ``extra``.
     """
 
-    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "_last", "_origins", "_block_pages")
+    __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "_last", "_origins", "_block_pages", "_chains",
+                 "_donor")
+
+    #: pages taken from a donor instead of keyed (a diagnostic: the tests see adoption run)
+    adopted_pages = 0
 
     def __init__(self, tokens, page_size: int, extra: list[int] | None = None,
                  origins: SequenceOrigins | None = None) -> None:
@@ -204,6 +211,8 @@ class PageKeys:
         self._last = 0  # the chain value after the last keyed page
         self._origins = origins
         self._block_pages = 0  # pages keyed from block hashes (the first ones)
+        self._chains: list[np.ndarray] = []  # the chain value after each of those keyed so far
+        self._donor: PageKeys | None = None  # whose block pages to take first (``adopt_from``)
         if origins is not None:
             bt = origins.block_tokens
             if page_size % bt == 0 or bt % page_size == 0:
@@ -215,6 +224,35 @@ class PageKeys:
 
     def append(self, token: int) -> None:
         self.extra.append(int(token))
+
+    def adopt_from(self, donor: PageKeys) -> None:
+        """Take, when the first key is asked for, the leading block pages this sequence shares
+        with ``donor`` (the same block hashes: the same keys) instead of keying them again (a
+        session's next turn repeats its previous turn's prompt). Only before any key is computed."""
+        if not self.keys and donor is not self and donor._origins is not None and self._origins is not None:
+            self._donor = donor
+
+    def _adopt(self) -> None:
+        donor, self._donor = self._donor, None
+        mine, theirs = self._origins, donor._origins
+        ps, bt = self.ps, mine.block_tokens
+        if donor.ps != ps or theirs.block_tokens != bt:
+            return
+        pages = min(self._block_pages, donor._block_pages, len(donor.keys))
+        if pages <= 0:
+            return
+        slots = pages * (ps // bt) if ps % bt == 0 else -(-pages * ps // bt)  # hash blocks those pages read
+        a, b = np.asarray(mine.hashes[:slots]), np.asarray(theirs.hashes[:slots])
+        diff = np.flatnonzero(a != b)
+        if len(diff):  # the pages before the first differing block
+            pages = min(pages, int(diff[0]) // (ps // bt) if ps % bt == 0 else int(diff[0]) * (bt // ps))
+        if pages <= 0:
+            return
+        self.keys.extend(donor.keys[:pages])
+        PageKeys.adopted_pages += pages
+        chains = np.concatenate(donor._chains)[:pages] if len(donor._chains) > 1 else donor._chains[0][:pages]
+        self._chains.append(chains)
+        self._last = int(chains[-1])
 
     def _tokens(self, start: int, end: int) -> np.ndarray:
         p = self.prompt_len
@@ -253,9 +291,14 @@ class PageKeys:
             return keys
         if have < n:
             ps, nb, org = self.ps, self._block_pages, self._origins
+            if self._donor is not None:
+                self._adopt()
+                have = len(keys)
+                if n <= have:
+                    return keys if n == have else keys[:n]
             if have < nb:
                 new, self._last = chain_keys(block_page_digests(org.hashes, org.block_tokens, ps, have, min(n, nb)),
-                                             self._last)
+                                             self._last, self._chains)
                 keys.extend(new)
                 have = len(keys)
             if have < n:

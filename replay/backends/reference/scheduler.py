@@ -67,6 +67,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if alloc is not None:
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
+        self._session_keys: dict = {}  # session -> the PageKeys of its last arrived turn (not its last)
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
@@ -166,6 +167,15 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             req = RefReq(wreq, LazyPrompt(synth, wreq, int(wreq.input_len)), output_plan(wreq), s.page_size,
                          self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)),
                          SequenceOrigins(synth, wreq))
+            sid = int(wreq.session_id)
+            if sid >= 0:  # a turn repeats its session's previous turn: its leading keys are those
+                prev = self._session_keys.get(sid)
+                if prev is not None:
+                    req.keys.adopt_from(prev)
+                if wreq.rid in synth._next_turn:
+                    self._session_keys[sid] = req.keys
+                else:
+                    self._session_keys.pop(sid, None)
             self._active[req.rid] = req
             # shared prefixes written once, as the hooks write a declared prompt's arrival
             prefix_rid, prefix_blocks, new = self._prefixes.encode(req.rid, wreq.page_hashes, chained=False)
