@@ -45,7 +45,8 @@ _SALT_U = np.uint64(0xD1B54A32D192ED03)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer over a uint64 array (wrapping arithmetic)."""
+    """splitmix64 finalizer over a uint64 array (wrapping arithmetic; numpy warns of overflow
+    only in scalar arithmetic, so every digest here is computed on arrays, with no errstate)."""
     x = (x ^ (x >> np.uint64(30))) * _M1
     x = (x ^ (x >> np.uint64(27))) * _M2
     return x ^ (x >> np.uint64(31))
@@ -78,10 +79,9 @@ _POWERS = _Powers()
 def token_page_digests(tokens: np.ndarray, page_size: int) -> np.ndarray:
     """Digests of the whole pages of ``tokens`` (int64 ids) from the ids themselves."""
     m = len(tokens) // page_size
-    with np.errstate(over="ignore"):
-        x = np.ascontiguousarray(tokens[:m * page_size], dtype=np.int64).view(np.uint64).reshape(m, page_size)
-        pos = (np.arange(1, page_size + 1, dtype=np.uint64) * _POS)
-        return _mix64(_mix64(x + pos).sum(axis=1, dtype=np.uint64))
+    x = np.ascontiguousarray(tokens[:m * page_size], dtype=np.int64).view(np.uint64).reshape(m, page_size)
+    pos = (np.arange(1, page_size + 1, dtype=np.uint64) * _POS)
+    return _mix64(_mix64(x + pos).sum(axis=1, dtype=np.uint64))
 
 
 def block_page_digests(hashes: np.ndarray, block_tokens: int, page_size: int, first: int, end: int) -> np.ndarray:
@@ -90,26 +90,24 @@ def block_page_digests(hashes: np.ndarray, block_tokens: int, page_size: int, fi
     page of whole blocks mixes each block's hash with its place in the page; a page inside one
     block mixes the block's hash with the page's offset in it. Only for page sizes that are a
     multiple or a divisor of ``block_tokens``."""
-    with np.errstate(over="ignore"):
-        if page_size % block_tokens == 0:
-            k = page_size // block_tokens
-            h = np.asarray(hashes[first * k:end * k], dtype=np.uint64).reshape(end - first, k)
-            place = np.arange(1, k + 1, dtype=np.uint64) * _POS_B
-            return _mix64(_mix64(h + place).sum(axis=1, dtype=np.uint64) ^ _SALT_B)
-        per = block_tokens // page_size
-        j = np.arange(first, end, dtype=np.int64)
-        h = np.asarray(hashes, dtype=np.uint64)[j // per]
-        offset = (j % per + 1).astype(np.uint64) * _POS_B
-        return _mix64(_mix64(h ^ offset) ^ _SALT_B)
+    if page_size % block_tokens == 0:
+        k = page_size // block_tokens
+        h = np.asarray(hashes[first * k:end * k], dtype=np.uint64).reshape(end - first, k)
+        place = np.arange(1, k + 1, dtype=np.uint64) * _POS_B
+        return _mix64(_mix64(h + place).sum(axis=1, dtype=np.uint64) ^ _SALT_B)
+    per = block_tokens // page_size
+    j = np.arange(first, end, dtype=np.int64)
+    h = np.asarray(hashes, dtype=np.uint64)[j // per]
+    offset = (j % per + 1).astype(np.uint64) * _POS_B
+    return _mix64(_mix64(h ^ offset) ^ _SALT_B)
 
 
 def unique_page_digests(rid: int, start: int, page_size: int, count: int) -> np.ndarray:
     """Digests of ``count`` pages from position ``start`` whose tokens are all unique to request
     ``rid`` (``unique_token_ids``: a function of the request and the position only)."""
-    with np.errstate(over="ignore"):
-        seed = _mix64(np.array([rid & _MASK], dtype=np.uint64) ^ _SALT_U)
-        pos = np.arange(start + 1, start + 1 + count * page_size, page_size, dtype=np.uint64)
-        return _mix64(_mix64(seed + pos * _POS_U) ^ _SALT_U)
+    seed = _mix64(np.array([rid & _MASK], dtype=np.uint64) ^ _SALT_U)
+    pos = np.arange(start + 1, start + 1 + count * page_size, page_size, dtype=np.uint64)
+    return _mix64(_mix64(seed + pos * _POS_U) ^ _SALT_U)
 
 
 def chain_keys(digests: np.ndarray, prev: int = 0, chains: list | None = None) -> tuple[list[int], int]:
@@ -119,11 +117,10 @@ def chain_keys(digests: np.ndarray, prev: int = 0, chains: list | None = None) -
     m = len(digests)
     if m == 0:
         return [], prev
-    with np.errstate(over="ignore"):
-        pw, pwi = _POWERS.get(m)
-        s = np.cumsum(digests * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
-        c = pw * s  # c_k = P^k * (P * prev + sum_j d_j P^-j)
-        keys = (_mix64(c) >> np.uint64(1)).tolist()
+    pw, pwi = _POWERS.get(m)
+    s = np.cumsum(digests * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
+    c = pw * s  # c_k = P^k * (P * prev + sum_j d_j P^-j)
+    keys = (_mix64(c) >> np.uint64(1)).tolist()
     if chains is not None:
         chains.append(c)
     return keys, int(c[-1])
@@ -266,18 +263,16 @@ class PageKeys:
         request-unique tokens from the run's request and its position, any other from its ids."""
         ps, org = self.ps, self._origins
         d = np.empty(end - first, dtype=np.uint64)
-        todo = np.ones(end - first, dtype=bool)
-        for a, b, rid in org.runs:
+        pos = first  # pages before this are done (the runs are in order and apart)
+        for a, b, rid in (*org.runs, (end * ps, end * ps, -1)):
             j0, j1 = max(first, -(-a // ps)), min(end, b // ps)
+            if j0 >= j1 and rid >= 0:
+                continue  # no whole page inside this run
+            if pos < j0:  # pages where kinds of token meet: from their ids
+                d[pos - first:j0 - first] = token_page_digests(org.tokens(pos * ps, j0 * ps), ps)
             if j0 < j1:
                 d[j0 - first:j1 - first] = unique_page_digests(rid, j0 * ps, ps, j1 - j0)
-                todo[j0 - first:j1 - first] = False
-        if todo.any():
-            rest = np.flatnonzero(todo)
-            cuts = np.flatnonzero(np.diff(rest) != 1) + 1  # contiguous groups of such pages
-            for group in np.split(rest, cuts):
-                j0, j1 = first + int(group[0]), first + int(group[-1]) + 1
-                d[j0 - first:j1 - first] = token_page_digests(org.tokens(j0 * ps, j1 * ps), ps)
+            pos = max(pos, j1)
         return d
 
     def up_to(self, num_tokens: int) -> list[int]:
