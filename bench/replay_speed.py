@@ -29,6 +29,12 @@ Quiet, 2026-12-02 03:58-04:02 UTC (load 0.9-1.1), ``--workload data/workloads/mi
 --backends reference --json`` (coalescing off,on side by side): mixed 65.6x -> 71.2x (2.24 -> 1.56 CPU s),
 production_1h 56.0x -> 71.7x (118.6 -> 93.0 CPU s), same steps.
 
+Session 18, 2026-12-05 01:09 UTC (this VM ~1.6x slower than session 17's: a 10M-iteration loop
+in 2.5-3.2 CPU s), ``--workload data/workloads/production_1h,data/workloads/mixed --backends
+reference --json``: production_1h 37.9x -> 51.8x (175.2 -> 127.7 CPU s), mixed 37.9x -> 51.5x, same
+steps; side by side with the tree before session 18 (``bench/replay_ab.py``) this tree takes 1.138x
+less CPU on production_1h, rows identical (docs/capacity.md "Session 18").
+
 Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
 """
 
