@@ -14,7 +14,9 @@ and its position, and a turn's first outputs are the next turn's prompt tokens.
   digest from the hashes and offsets (:func:`block_page_digests`);
 - pages inside one run of request-unique tokens (``TokenSynth.unique_runs``: a prompt's tail past
   its hashed blocks, the outputs a request generates itself) from the request and the position
-  (:func:`unique_page_digests`);
+  (:func:`unique_page_digests`), and pages inside the outputs copied from the next turn's hashed
+  blocks past that run (``TokenSynth.copied_blocks``: a prompt whose own tail broke it) from
+  those hashes, as the leading run's;
 - any other page (where one kind of token meets another) from its token ids
   (:func:`token_page_digests`: each token mixed with its place in the page, splitmix64, summed,
   mixed again), synthesized for that page only.
@@ -163,13 +165,16 @@ class SequenceOrigins:
         wreq: the request's workload row.
     """
 
-    __slots__ = ("synth", "wreq", "block_end", "hashes", "block_tokens", "runs", "_outputs")
+    __slots__ = ("synth", "wreq", "block_end", "hashes", "block_tokens", "runs", "copied", "_outputs")
 
     def __init__(self, synth, wreq) -> None:
         self.synth, self.wreq = synth, wreq
         self.block_end, self.hashes = synth.block_origin(wreq)
         self.block_tokens = synth.block_tokens
         self.runs = synth.unique_runs(wreq, self.block_end)
+        # outputs copied from the next turn that are its block tokens, past the leading run
+        # (a prompt whose own tail broke the run): ``(begin, end, hashes)`` or None
+        self.copied = synth.copied_blocks(wreq, self.block_end)
         self._outputs = None  # the planned output ids, built the first time a page needs them
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
@@ -210,10 +215,8 @@ class PageKeys:
         self._block_pages = 0  # pages keyed from block hashes (the first ones)
         self._chains: list[np.ndarray] = []  # the chain value after each of those keyed so far
         self._donor: PageKeys | None = None  # whose block pages to take first (``adopt_from``)
-        if origins is not None:
-            bt = origins.block_tokens
-            if page_size % bt == 0 or bt % page_size == 0:
-                self._block_pages = origins.block_end // page_size
+        if origins is not None and self._block_pages_allowed():
+            self._block_pages = origins.block_end // page_size
 
     @property
     def num_tokens(self) -> int:
@@ -259,21 +262,30 @@ class PageKeys:
         return tail if start >= p else np.concatenate((self.prompt[start:p], tail))
 
     def _origin_digests(self, first: int, end: int) -> np.ndarray:
-        """Digests of pages ``first..end-1`` (none in the block run): a page inside one run of
-        request-unique tokens from the run's request and its position, any other from its ids."""
+        """Digests of pages ``first..end-1`` (none in the leading block run): a page inside one
+        run of request-unique tokens from the run's request and its position, a page inside the
+        copied run of block tokens from their hashes, any other from its ids."""
         ps, org = self.ps, self._origins
+        runs = org.runs
+        if org.copied is not None and self._block_pages_allowed():
+            runs = sorted((*runs, (org.copied[0], org.copied[1], -1)))
         d = np.empty(end - first, dtype=np.uint64)
         pos = first  # pages before this are done (the runs are in order and apart)
-        for a, b, rid in (*org.runs, (end * ps, end * ps, -1)):
+        for a, b, rid in (*runs, (end * ps, end * ps, -2)):
             j0, j1 = max(first, -(-a // ps)), min(end, b // ps)
-            if j0 >= j1 and rid >= 0:
+            if j0 >= j1 and rid != -2:
                 continue  # no whole page inside this run
             if pos < j0:  # pages where kinds of token meet: from their ids
                 d[pos - first:j0 - first] = token_page_digests(org.tokens(pos * ps, j0 * ps), ps)
             if j0 < j1:
-                d[j0 - first:j1 - first] = unique_page_digests(rid, j0 * ps, ps, j1 - j0)
+                d[j0 - first:j1 - first] = (unique_page_digests(rid, j0 * ps, ps, j1 - j0) if rid >= 0 else
+                                            block_page_digests(org.copied[2], org.block_tokens, ps, j0, j1))
             pos = max(pos, j1)
         return d
+
+    def _block_pages_allowed(self) -> bool:
+        bt = self._origins.block_tokens
+        return self.ps % bt == 0 or bt % self.ps == 0
 
     def up_to(self, num_tokens: int) -> list[int]:
         """Keys of the full pages within the first ``num_tokens`` tokens (the object's own list

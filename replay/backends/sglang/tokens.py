@@ -138,6 +138,18 @@ class TokenSynth:
             return nxt, min(req.output_len, nxt.input_len - req.input_len)
         return None, 0
 
+    def _copied_run(self, req: WorkloadRequest) -> tuple[int, np.ndarray] | None:
+        """``(end, hashes)``: the outputs from ``input_len`` to ``end`` are the next turn's
+        hash-block tokens (block ``p // block_tokens`` of ``hashes``, the next turn's); None when
+        none are (no copy, or the copy starts past the next turn's hashed blocks)."""
+        nxt, shared = self._copied_from(req)
+        if shared and shared == req.output_len and req.output_len < req.max_new_tokens:
+            shared -= 1  # the last output is EOS
+        if nxt is None or shared <= 0:
+            return None
+        end = min(req.input_len + shared, len(nxt.page_hashes) * self.block_tokens, nxt.input_len)
+        return (end, nxt.page_hashes) if end > req.input_len else None
+
     def block_origin(self, req: WorkloadRequest) -> tuple[int, np.ndarray]:
         """The leading tokens of the request's whole sequence (prompt, then :meth:`output_ids`) that
         are all tokens of hash blocks, each block's from one hash: ``(B, hashes)``, every token at
@@ -151,16 +163,21 @@ class TokenSynth:
         covered = min(n, len(own) * bt)
         if covered < n:  # the prompt's tail is the request's own tokens
             return covered, own
-        nxt, shared = self._copied_from(req)
-        if shared and shared == req.output_len and req.output_len < req.max_new_tokens:
-            shared -= 1  # the last output is EOS
-        if nxt is None or shared <= 0:
+        run = self._copied_run(req)
+        if run is None or (n % bt and own[n // bt] != run[1][n // bt]):  # none copied, or a block changes hash
             return covered, own
-        theirs = nxt.page_hashes
-        end = min(n + shared, len(theirs) * bt, nxt.input_len)
-        if end <= n or (n % bt and own[n // bt] != theirs[n // bt]):  # none copied, or a block changes hash
-            return covered, own
-        return end, theirs
+        return run
+
+    def copied_blocks(self, req: WorkloadRequest, start: int) -> tuple[int, int, np.ndarray] | None:
+        """``(begin, end, hashes)``: the outputs copied from the next turn that are its hash-block
+        tokens (block ``p // block_tokens`` of ``hashes``), from position ``start`` on (the end of
+        :meth:`block_origin`'s run: where the prompt's own tail or a block that changes hash broke
+        it); None when there are none."""
+        run = self._copied_run(req)
+        if run is None:
+            return None
+        begin = max(req.input_len, start)
+        return (begin, run[0], run[1]) if begin < run[0] else None
 
     def unique_runs(self, req: WorkloadRequest, start: int) -> list[tuple[int, int, int]]:
         """The maximal runs ``(begin, end, rid)`` of request-unique tokens (:func:`unique_token_ids`
