@@ -49,6 +49,9 @@ class MatchMixin:
     walk_memo = True
     #: walks answered from the memo (a count for tests and profiles)
     walk_memo_hits = 0
+    #: inside ``touch_many``: the best nodes of the touches not yet applied, which a walk applies
+    #: before it splits a node (a split copies a node's stamps); None outside it
+    _touch_pending: list | None = None
 
     def refresh_swa_lru(self, node) -> None:
         """Move live-SWA nodes at and above ``node`` to MRU.
@@ -124,8 +127,9 @@ class MatchMixin:
     def touch_many(self, keys: list) -> None:
         """``touch`` of each key in turn, exactly, with the recency effects applied once per node.
 
-        The walks run in order (a walk that may split, one the memo cannot answer, first applies
-        the effects of the touches before it, since a split copies a node's stamps). The effects
+        The walks run in order (a walk that splits a node first applies the effects of the
+        touches before it, since a split copies a node's stamps; a walk reads no stamp, LRU order
+        or heap, so the others need not). The effects
         of a run of walks are those of their touches in order: a node's stamp is the one the
         last touch through it gives (walking the touches from the last back, each stops at a
         node a later touch already stamped, whose ancestors that touch stamped too); the SWA LRU
@@ -134,13 +138,18 @@ class MatchMixin:
         """
         bests = []
         memo_ok = self.walk_memo
-        for key in keys:
-            walk = self._memo(key, len(key)) if memo_ok and type(key) is GrowingKeys else None
-            if walk is None:
-                self._apply_touches(bests)
-                bests = []
-                walk = self._match_walk(key)
-            bests.append(walk[1])
+        try:
+            for key in keys:
+                walk = self._memo(key, len(key)) if memo_ok and type(key) is GrowingKeys else None
+                if walk is None:
+                    # the touches so far are applied only if this walk splits (``_match_walk``
+                    # applies them right before): a walk reads no stamp, no LRU order, no heap
+                    self._touch_pending = bests
+                    walk = self._match_walk(key)
+                    bests = self._touch_pending
+                bests.append(walk[1])
+        finally:
+            self._touch_pending = None
         self._apply_touches(bests)
 
     def memo_touches(self, keys) -> list | None:
@@ -250,6 +259,10 @@ class MatchMixin:
             full_hit_pages += m
             partial = m < len(ck)
             if partial:
+                pending = self._touch_pending
+                if pending:  # the touches before this walk take effect before the split
+                    self._apply_touches(pending)
+                    self._touch_pending = []
                 child = self._split(child, m)
             if child.full is not None:
                 values.append(child.full)
