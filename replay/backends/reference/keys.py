@@ -214,7 +214,7 @@ class PageKeys:
         self._origins = origins
         self._block_pages = 0  # pages keyed from block hashes (the first ones)
         self._chains: list[np.ndarray] = []  # the chain value after each of those keyed so far
-        self._donor: PageKeys | None = None  # whose block pages to take first (``adopt_from``)
+        self._donor: tuple | None = None  # whose block pages to take first (``adopt_from``)
         if origins is not None and self._block_pages_allowed():
             self._block_pages = origins.block_end // page_size
 
@@ -225,27 +225,36 @@ class PageKeys:
     def append(self, token: int) -> None:
         self.extra.append(int(token))
 
-    def adopt_from(self, donor: PageKeys) -> None:
+    def adopt_from(self, *donors: PageKeys | None) -> None:
         """Take, when the first key is asked for, the leading block pages this sequence shares
-        with ``donor`` (the same block hashes: the same keys) instead of keying them again (a
-        session's next turn repeats its previous turn's prompt). Only before any key is computed."""
-        if not self.keys and donor is not self and donor._origins is not None and self._origins is not None:
-            self._donor = donor
+        with one of ``donors`` (the same block hashes: the same keys; the one sharing most)
+        instead of keying them again (a session's next turn repeats its previous turn's prompt;
+        sessions share a system prompt). Only before any key is computed."""
+        if self.keys or self._origins is None:
+            return
+        donors = tuple(d for d in donors if d is not None and d is not self and d._origins is not None)
+        if donors:
+            self._donor = donors
 
-    def _adopt(self) -> None:
-        donor, self._donor = self._donor, None
+    def _shared_pages(self, donor: PageKeys) -> int:
+        """Leading block pages of this sequence that ``donor`` has keyed with the same hashes."""
         mine, theirs = self._origins, donor._origins
         ps, bt = self.ps, mine.block_tokens
         if donor.ps != ps or theirs.block_tokens != bt:
-            return
+            return 0
         pages = min(self._block_pages, donor._block_pages, len(donor.keys))
         if pages <= 0:
-            return
+            return 0
         slots = pages * (ps // bt) if ps % bt == 0 else -(-pages * ps // bt)  # hash blocks those pages read
-        a, b = np.asarray(mine.hashes[:slots]), np.asarray(theirs.hashes[:slots])
-        diff = np.flatnonzero(a != b)
+        diff = np.flatnonzero(np.asarray(mine.hashes[:slots]) != np.asarray(theirs.hashes[:slots]))
         if len(diff):  # the pages before the first differing block
             pages = min(pages, int(diff[0]) // (ps // bt) if ps % bt == 0 else int(diff[0]) * (bt // ps))
+        return pages
+
+    def _adopt(self) -> None:
+        donors, self._donor = self._donor, None
+        pages, donor = max((self._shared_pages(d), i) for i, d in enumerate(donors))
+        donor = donors[donor]
         if pages <= 0:
             return
         self.keys.extend(donor.keys[:pages])
