@@ -39,7 +39,7 @@ from tracer.schema import (  # noqa: F401  (re-exported enums)
     Verdict,
 )
 
-__all__ = ["start", "stop", "is_active", "active", "tick", "set_clock", "flush", *EMIT_NAMES, "RecorderOptions",
+__all__ = ["start", "stop", "route", "is_active", "active", "tick", "set_clock", "flush", *EMIT_NAMES, "RecorderOptions",
            # re-exported from tracer.schema
            "SCHEMA_VERSION", "CacheOp", "DropReason", "Mode", "Pool", "PoolOp", "RequestEvent", "SchedKind",
            "Verdict"]
@@ -111,6 +111,27 @@ def start(out_dir: str | os.PathLike, *, rank: int | None = None, source: str = 
             _prev_excepthook[0] = sys.excepthook
             sys.excepthook = _note_exit_exception
     return rec
+
+
+def route(emits: dict | None) -> None:
+    """Send the emit functions to ``emits`` instead of a recorder, or back to the no-ops (None).
+
+    For an in-process consumer that aggregates the events instead of recording them (kvtrace's
+    figures-only replays, ``replay.runs.figures``). ``emits`` maps every name of ``EMIT_NAMES``
+    plus ``tick`` and ``set_clock`` to a function with that emit's signature; the functions run
+    on the caller's hot paths, so they must be cheap and must not raise.
+
+    Raises:
+        RuntimeError: while recording (a recorder owns the emits), or a name missing from ``emits``.
+    """
+    with _lock:
+        if active() is not None:
+            raise RuntimeError(f"kvtrace is recording to {_active.dir}; stop it before routing its emits")
+        if emits is not None:
+            missing = [n for n in (*EMIT_NAMES, "tick", "set_clock") if n not in emits]
+            if missing:
+                raise RuntimeError(f"tracer.route: no function for {', '.join(missing)}")
+        _bind(emits)
 
 
 def stop(end_state: str = "complete") -> None:

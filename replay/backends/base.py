@@ -126,6 +126,8 @@ class RecordedRun:
     backend_info: dict = field(default_factory=dict)
     #: a planted incident's counter (``calls``, ``planted``); empty when none was planted
     incident: dict = field(default_factory=dict)
+    #: a figures-only run's :class:`replay.backends.figures.FigureSink` (``detail="figures"``: no trace)
+    figures: Any = None
 
 
 class RecordingFailed(DataLostError):
@@ -220,6 +222,8 @@ def record_trace(workload: Any, out: str | Path, run_loop: Callable[[RunObserver
     import tracer
 
     out = Path(out)
+    if detail == FIGURES:
+        return _record_figures(workload, out, run_loop, on_progress, observer_cls)
     t0 = perf_counter_ns()
     rec, observer, ended = None, None, "crashed"
     try:
@@ -252,6 +256,40 @@ def record_trace(workload: Any, out: str | Path, run_loop: Callable[[RunObserver
 
         update_manifest(out, lambda m: m.update(manifest_extra))
     return recorded
+
+
+#: the ``detail`` of a run that writes no trace, only its summary figures (:mod:`replay.backends.figures`)
+FIGURES = "figures"
+
+
+def _record_figures(workload: Any, out: Path, run_loop: Callable[[RunObserver], RunResult],
+                    on_progress: Callable[[int, int], None] | None,
+                    observer_cls: type[RunObserver]) -> RecordedRun:
+    """:func:`record_trace` without a trace: the tracer's emits go to a
+    :class:`replay.backends.figures.FigureSink` (``tracer.route``) for the run's figures; ``out`` is
+    created and left for the summary."""
+    import tracer
+
+    from replay.backends.figures import FigureSink
+
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = perf_counter_ns()
+    sink = FigureSink()
+    emits = sink.emits()
+    observer = observer_cls(emits["set_clock"], on_progress)
+    tracer.route(emits)
+    try:
+        result = run_loop(observer)
+    except KeyboardInterrupt as e:
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        raise Interrupted(sig, f"{out}: interrupted by {sig} after {observer.done} of {len(workload.requests)} "
+                               "requests; a figures-only run keeps nothing") from None
+    finally:
+        tracer.route(None)
+    first = min((w.arrival_ns for w in workload.requests), default=0)
+    return RecordedRun(result=result, times={int(k): v for k, v in observer.times.items()},
+                       sched_cpu_ns=observer.sched_cpu_ns, wall_ns=perf_counter_ns() - t0, first_arrival_ns=first,
+                       figures=sink)
 
 
 class Backend(Protocol):

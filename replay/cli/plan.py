@@ -23,11 +23,15 @@ from replay.cli.grid import grid_options, run_grid
 @click.option("--run-infeasible", is_flag=True,
               help="Replay an infeasible split to its end (default: its replay ends at its first retraction or "
                    "abort, which already rules it out; reference backend).")
+@click.option("--traces", is_flag=True,
+              help="Keep each split's trace (for kvtrace report's evidence figures, diff, doctor). Default: "
+                   "the splits run figures-only, their summaries computed as they replay and no trace written "
+                   "(the same figures, in about half the CPU on small workloads).")
 @grid_options("split", "Plan directory: a sweep (re-running resumes) plus plan.json.",
               "Print one JSON object (the plan).")
 def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, ratios: str | None, policy: str,
              model: str | None, out: str, jobs: int, executor: str, confirm: bool, no_early_stop: bool,
-             run_infeasible: bool, quiet: bool, force: bool, as_json: bool) -> None:
+             run_infeasible: bool, traces: bool, quiet: bool, force: bool, as_json: bool) -> None:
     """Split a device KV budget between the full and SWA pools for TRACE_OR_WORKLOAD.
 
     Each swa_full_tokens_ratio gives the full and SWA pool sizes the budget buys; each split is
@@ -48,7 +52,7 @@ def plan_cmd(source: str, kv_gb: float, host_gb: float | None, objective: str, r
     res = run_grid(source, out, force, lambda: plan(
         source, out, kv_gb=kv_gb, host_gb=host_gb, objective=objective, ratios=rs, policy=policy, model=model,
         jobs=jobs, executor=executor, confirm=confirm, early_stop=not no_early_stop,
-        stop_infeasible=not run_infeasible, progress=not (quiet or as_json)), as_json, plan_lines)
+        stop_infeasible=not run_infeasible, traces=traces, progress=not (quiet or as_json)), as_json, plan_lines)
     if res.failed:  # an incomplete plan is an error, not an answer (the table or JSON says which)
         raise DataLostError(f"{out}: {res.notes[0]}")
     if res.best is None:  # nothing to recommend: a script must not take the plan for an answer

@@ -20,8 +20,9 @@ from replay.console import third_party_to_log
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Run directory to create.")
 @click.option("--backend", default="sglang", show_default=True, type=click.Choice(["sglang", "reference"]),
               help="sglang: the real sglang 0.5.23 classes on CPU.")
-@click.option("--detail", type=click.Choice(["steps", "counts", "pages"]), default="counts", show_default=True,
-              help="Capture level of the run's trace: steps (request, step and stats rows), counts, pages (counts plus page ids).")
+@click.option("--detail", type=click.Choice(["steps", "counts", "pages", "figures"]), default="counts", show_default=True,
+              help="Capture level of the run's trace: steps (request, step and stats rows), counts, pages (counts plus page ids); "
+                   "figures: no trace, only summary.json, its figures computed as the replay runs (reference backend).")
 @click.option("--code", "code", default=None, metavar="SPEC",
               help="Run on this code: a tarball (../shared/targets/...), a directory holding python/sglang "
                    "or sglang/, or `installed` (default: the installed sglang 0.5.23, in-process). See "
@@ -66,6 +67,8 @@ def replay_cmd(source: str, policy: str, sets: tuple[str, ...], out: str, backen
     click.echo(f"run {out}: policy {policy}, {s.finished}/{s.requests} finished, {s.retractions} retractions, "
                f"{s.sim_s:,.1f} s simulated in {s.wall_s:,.1f} s of replay ({s.sim_s_per_wall_s:,.1f}x); "
                f"{total_s:,.1f} s wall in all, start-up included")
+    if not s.traced:
+        click.echo("  figures only (--detail figures): no trace written, only summary.json")
     if s.stopped:
         click.echo(f"  stopped at its first retraction or abort ({s.aborted} aborted; stop_on_retraction=on): "
                    "the figures cover the trace up to there")

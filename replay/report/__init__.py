@@ -68,9 +68,14 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
     paths = find_traces(target)
     if not paths:
         plan = _plan(target)
+        if plan is not None and any(r.get("status") in ("ok", "stopped") for r in plan.get("rows", ())):
+            return _plan_only_report(target, out, plan, plotly.offline.get_plotlyjs())
         plan_notes = plan.get("notes") if isinstance(plan, dict) else None
         if plan_notes:  # a plan none of whose splits completed: say why, from its plan.json
             raise KvtraceError(f"{target}: a plan with no completed split to report ({plan_notes[0]})")
+        if _figures_only(target):
+            raise KvtraceError(f"{target}: a figures-only run (--detail figures) wrote no trace to report; its "
+                               f"figures are in {target / SUMMARY_FILE} (replay it with --detail counts for a report)")
         raise KvtraceError(f"{target}: no trace or run below it; expected a trace directory "
                            "(manifest.json) or a directory of traces and runs (a sweep)")
     opened = {p: open_trace(p) for p in paths}
@@ -179,6 +184,33 @@ def incomplete_traces(traces: dict) -> list[str]:
             out.append(f"incomplete trace {label}: " + "; ".join(problems[:3]) + more
                        + ". The figures cover only what was recorded (kvtrace inspect --strict lists it all).")
     return out
+
+
+def _figures_only(run: Path) -> bool:
+    """Whether ``run`` is a figures-only run (its summary says ``traced: false``)."""
+    from replay.analysis.runs import load_summary
+
+    try:
+        return (run / "summary.json").is_file() and load_summary(run).get("traced", True) is False
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _plan_only_report(target: Path, out: Path, plan: dict, plotly_js: str) -> dict:
+    """The report of a plan whose splits kept no trace (``kvtrace plan`` runs them figures-only
+    unless ``--traces``): its section alone, from ``plan.json``."""
+    note = ("the splits ran figures-only (no traces): the plan's table and curves only; "
+            "kvtrace plan --traces keeps each split's trace for the evidence figures")
+    page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly_js,
+                        target=html.escape(str(target)), headline="", figures="",
+                        notes=f'<p class="note">{html.escape(note)}</p>', codes=_plan_html(plan, _render),
+                        details="")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page)
+    return {"out": str(out), "figures": [], "runs": [], "primary": None, "verdict": None, "primary_cause": None,
+            "recommended_sets": [], "proof": None, "diagnosis": False, "notes": [note], "incomplete": [],
+            "codes": [], "code_axis": None,
+            "plan": {"best": plan["best"], "server_args": plan["server_args"]}, "capacity": None}
 
 
 def _plan(target) -> dict | None:

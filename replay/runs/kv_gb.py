@@ -68,21 +68,35 @@ def resolve_bytes(source: str | Path, model: str | None = None) -> dict:
 
 def _used(tr) -> dict:
     """{pool: (capacity, peak used, time-weighted mean used)} from the ``stats`` rows."""
-    import numpy as np
     import polars as pl
 
     stats = (tr.lazy("stats").select("ts_ns", "seq", "pool", "capacity", used=pl.col("capacity") - pl.col("available"))
              .sort("seq").collect())
-    out = {}
+    series = {}
     for pool in _POOLS:
         s = stats.filter(pl.col("pool") == pool)
-        if not s.height:
+        if s.height:
+            series[pool] = (s["ts_ns"].to_numpy(), s["used"].to_numpy(), int(s["capacity"].max()))
+    return pool_usage(series)
+
+
+def pool_usage(series: dict) -> dict:
+    """{pool: (capacity, peak used, time-weighted mean used)} from each pool's samples in ``seq``
+    order (``{pool: (ts_ns, used, capacity)}``: integer arrays and the largest capacity; pools
+    without samples absent). Shared by a trace's GB figures and a figures-only run's
+    (:meth:`replay.backends.figures.FigureSink.series`)."""
+    import numpy as np
+
+    out = {}
+    for pool in _POOLS:
+        if pool not in series or not len(series[pool][1]):
             continue
-        ts = s["ts_ns"].to_numpy().astype(np.float64)
-        used = s["used"].to_numpy().astype(np.float64)
-        span = ts[-1] - ts[0] if s.height >= 2 else 0.0
+        ts, used, capacity = series[pool]
+        ts = np.asarray(ts).astype(np.float64)
+        used = np.asarray(used).astype(np.float64)
+        span = ts[-1] - ts[0] if len(ts) >= 2 else 0.0
         mean = float((used[:-1] * np.diff(ts)).sum() / span) if span > 0 else float(used.mean())
-        out[pool] = (int(s["capacity"].max()), int(used.max()), mean)
+        out[pool] = (int(capacity), int(used.max()), mean)
     return out
 
 
@@ -90,10 +104,17 @@ def gb_figures(trace: str | Path, bytes_per_token: dict) -> dict:
     """:data:`GB_FIGURES` of the trace at ``trace`` with these bytes per token (rounded to 6 places)."""
     from replay.trace import open_trace
 
+    if not bytes_per_token:
+        return dict.fromkeys(GB_FIGURES)
+    return gb_from_usage(_used(open_trace(trace, strict=False)), bytes_per_token)
+
+
+def gb_from_usage(used: dict, bytes_per_token: dict) -> dict:
+    """:data:`GB_FIGURES` from each pool's (capacity, peak used, mean used) tokens
+    (:func:`pool_usage`) with these bytes per token (rounded to 6 places)."""
     out = dict.fromkeys(GB_FIGURES)
     if not bytes_per_token:
         return out
-    used = _used(open_trace(trace, strict=False))
 
     def gb(tokens: float, pool: str):
         b = bytes_per_token.get(pool)
@@ -113,4 +134,4 @@ def gb_figures(trace: str | Path, bytes_per_token: dict) -> dict:
     return out
 
 
-__all__ = ["GB", "GB_FIGURES", "gb_figures", "resolve_bytes", "trace_bytes"]
+__all__ = ["GB", "GB_FIGURES", "gb_figures", "gb_from_usage", "pool_usage", "resolve_bytes", "trace_bytes"]

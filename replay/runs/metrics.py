@@ -56,6 +56,20 @@ def trace_metrics(path: str | Path) -> dict:
     return out
 
 
+def sink_metrics(sink) -> dict:
+    """The figures :func:`trace_metrics` would read from the trace of a figures-only run, from
+    what its :class:`replay.backends.figures.FigureSink` kept."""
+    series = sink.series()
+    return {"requests": sink.arrivals, "finished": sink.finished,
+            "served_tokens": sink.finished_input + sink.finished_output,
+            "prefix_hit_ratio": _ratio(sink.known_cached, sink.known_input),
+            **occupancy_figures({k: v[:2] for k, v in series.items() if k in ("full", "swa")}),
+            "host_hit_ratio": _ratio(sink.host_hit_of_finished(), sink.finished_input),
+            "swa_evicted_tokens": sink.swa_evicted, "swa_released_tokens": sink.swa_released,
+            "retractions": sink.retractions,
+            "host_alloc_cpu_ns": sink.host_alloc_ns, "host_free_cpu_ns": sink.host_free_ns}
+
+
 # Figures from families a ``detail=steps`` trace does not capture (reported as None there).
 STEPS_UNKNOWN = ("host_hit_ratio", "swa_evicted_tokens", "swa_released_tokens", "retractions",
                  "host_alloc_cpu_ns", "host_free_cpu_ns")
@@ -87,23 +101,35 @@ def _occupancy(tr) -> dict:
     stats = (tr.lazy("stats").filter(pl.col("pool").is_in(["full", "swa"]))
              .select("ts_ns", "seq", "pool", used=pl.col("capacity") - pl.col("available"))
              .sort("seq").collect())
+    series = {}
+    for pool in ("full", "swa"):
+        s = stats.filter(pl.col("pool") == pool)
+        series[pool] = (s["ts_ns"].to_numpy(), s["used"].to_numpy())
+    return occupancy_figures(series)
+
+
+def occupancy_figures(series: dict) -> dict:
+    """``peak_full_used``, ``peak_swa_used``, ``mean_swa_used`` and
+    ``swa_used_slope_tokens_per_hour`` from each pool's samples in ``seq`` order (``{"full": (ts_ns,
+    used), "swa": ...}``, integer arrays; a pool absent or empty has none). Shared by the trace's
+    figures and a figures-only run's (:func:`sink_metrics`), so both compute them alike."""
     out = {"peak_full_used": 0, "peak_swa_used": 0, "mean_swa_used": 0.0,
            "swa_used_slope_tokens_per_hour": 0.0}
     for pool in ("full", "swa"):
-        s = stats.filter(pl.col("pool") == pool)
-        if s.height:
-            out[f"peak_{pool}_used"] = int(s["used"].max())
-    swa = stats.filter(pl.col("pool") == "swa")
-    if swa.height >= 2:
-        ts = swa["ts_ns"].to_numpy().astype(np.float64)
-        used = swa["used"].to_numpy().astype(np.float64)
+        ts, used = series.get(pool, ((), ()))
+        if len(used):
+            out[f"peak_{pool}_used"] = int(np.max(used))
+    ts, used = series.get("swa", ((), ()))
+    if len(used) >= 2:
+        ts = np.asarray(ts).astype(np.float64)
+        used = np.asarray(used).astype(np.float64)
         dt = np.diff(ts)
         span = ts[-1] - ts[0]
         out["mean_swa_used"] = round(float((used[:-1] * dt).sum() / span), 3) if span > 0 else float(used.mean())
         if span > 0:
             out["swa_used_slope_tokens_per_hour"] = round(_step_slope((ts - ts[0]) / NS_PER_HOUR, used), 3)
-    elif swa.height == 1:
-        out["mean_swa_used"] = float(swa["used"][0])
+    elif len(used) == 1:
+        out["mean_swa_used"] = float(used[0])
     return out
 
 
@@ -136,4 +162,4 @@ def _host_cpu(tr) -> dict:
     return {"host_alloc_cpu_ns": int(alloc or 0), "host_free_cpu_ns": int(free or 0)}
 
 
-__all__ = ["trace_metrics"]
+__all__ = ["occupancy_figures", "sink_metrics", "trace_metrics"]

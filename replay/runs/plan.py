@@ -33,6 +33,7 @@ import math
 from typing import Callable
 from pathlib import Path
 
+from replay.backends.base import FIGURES
 from replay.runs.summary import SUMMARY_FILE, RunError, is_settings_refusal, read_summary
 
 GB = 1e9
@@ -63,6 +64,9 @@ class PlanConfig:
     jobs: int = 2
     #: end a split's replay at its first retraction or abort (reference backend; ``stop_on_retraction``)
     stop_infeasible: bool = True
+    #: keep each split's trace; False (reference backend): the splits run figures-only
+    #: (``detail="figures"``, :mod:`replay.backends.figures`: the same summary, no trace written)
+    traces: bool = False
 
 
 @dataclasses.dataclass
@@ -113,13 +117,20 @@ def host_tokens(host_gb: float, ratio: float, bytes_per_token: dict, page_size: 
 def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | None = None,
          objective: str = "hit_ratio", ratios=None, policy: str = "recorded", backend: str = "reference",
          model: str | None = None, jobs: int = 2, executor: str = "local", confirm: bool = False,
-         early_stop: bool = True, stop_infeasible: bool = True, progress: bool = False) -> PlanResult:
+         early_stop: bool = True, stop_infeasible: bool = True, traces: bool = False,
+         progress: bool = False) -> PlanResult:
     """Find the best full/SWA split of ``kv_gb`` for ``source`` (see the module docstring).
 
     ``stop_infeasible`` (reference backend): a split's replay ends at its first retraction or
     abort (``stop_on_retraction=on``: the replay is the same up to there, so the split is
     infeasible all the same); its row says ``status: stopped`` with ``stopped_at_s`` and no hit or
     TTFT figures (they would cover only part of the trace). Off: every split runs to its end.
+
+    ``traces``: keep each split's trace (``kvtrace report``'s evidence, ``diff``, ``doctor``). Off
+    (the default; reference backend): the splits run figures-only, their summaries computed as
+    they replay (:mod:`replay.backends.figures`: the same figures as from a trace) and no trace
+    written; the report of such a plan is its section alone. A plan resumed with ``traces`` refuses
+    splits an earlier run kept no trace of.
 
     Raises:
         RunError: a bad budget, objective or ratio; no bytes per token (give ``model``); or what
@@ -151,8 +162,9 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
                        "give --model NAME (kvtrace plan --help lists the presets)")
     page = _page_size(source)
     stop_infeasible = bool(stop_infeasible) and backend == "reference"
+    traces = bool(traces) or backend != "reference"
     cfg = PlanConfig(str(source), float(kv_gb), host_gb, objective, tuple(ratios), policy, backend, model, jobs,
-                     stop_infeasible)
+                     stop_infeasible, traces)
     sets = ["stop_on_retraction=on"] if stop_infeasible else []
     points = []
     for r in ratios:
@@ -168,6 +180,13 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
             raise RunError(f"{out}: the replays of ratios {', '.join(f'{r:g}' for r in cut)} stopped at their "
                            "first retraction in this plan; to run them to their end choose a new --out "
                            "(or --force)")
+    if traces:  # a resumed plan would keep a figures-only split as it is
+        bare = [p["swa_full_tokens_ratio"] for p in points if (out / _rel(policy, p) / SUMMARY_FILE).is_file()
+                and not read_summary(out / _rel(policy, p)).traced]
+        if bare:
+            raise RunError(f"{out}: the splits of ratios {', '.join(f'{r:g}' for r in bare)} kept no trace in this "
+                           "plan (it ran without --traces); to keep every split's trace choose a new --out "
+                           "(or --force)")
     largest = max(p["full_pool_tokens"] for p in points)
 
     def one_pass() -> float:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it
@@ -182,7 +201,8 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         bound = pool.submit(one_pass)
         search = _Search(out, policy, points, bpt, objective, bound.result, early_stop)
         df = sweep(source, out, policies=[policy], points=points, sets=sets, jobs=jobs, executor=executor,
-                   backend=backend, progress=progress, model=model, stop=search.stop)
+                   backend=backend, detail="counts" if traces else FIGURES, progress=progress, model=model,
+                   stop=search.stop)
         attainable = bound.result()
     errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
     rows = [_row(out, policy, pt, bpt, errors) for pt in points[:search.cut]]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from replay import knobs
+from replay.backends.base import FIGURES
 from replay.runs.summary import (MEASURED, SUMMARY_FILE, RunError, RunSummary, _summarize,  # noqa: F401
                                  _write_json, read_summary, settings_refused)
 
@@ -60,7 +61,9 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
         policy: a preset of :mod:`replay.knobs` (``kvtrace policies``).
         sets: ``key=value`` strings or a dict of knob values applied over the preset.
         backend: ``sglang`` (the real sglang 0.5.23 classes on CPU).
-        detail: recorder detail of the run's trace (``counts`` or ``pages``).
+        detail: recorder detail of the run's trace (``counts`` or ``pages``), or ``figures``: no
+            trace, the summary's figures computed as the replay runs (:mod:`replay.backends.figures`;
+            the reference backend on the installed code only; the summary says ``traced: false``).
         progress: show a progress bar (simulated time, requests done, ETA) on stderr.
         code: run on this code (``replay.runs.code``: a tarball, a directory holding
             python/sglang or sglang/, ``installed``); None: the installed sglang in-process.
@@ -74,6 +77,9 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
         RunError: bad source, policy, setting, backend or output directory.
     """
     source, out = Path(source), Path(out)
+    if detail == FIGURES and (backend != "reference" or code is not None or env):
+        raise RunError("detail 'figures' (a run's figures without its trace) is the reference backend's, "
+                       "on the installed code; record a trace (--detail counts) for this run")
     kv_bytes = _kv_bytes(source, model)
     if code is not None or env:
         from replay.runs import code as code_runs
@@ -110,14 +116,14 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     finally:
         if bar:
             bar.close()
-    if getattr(rec.result, "stopped", ""):  # the trace says it ends early on purpose
+    if getattr(rec.result, "stopped", "") and rec.figures is None:  # the trace says it ends early on purpose
         from tracer.schema.manifest import update_manifest
 
         update_manifest(out, lambda m: m.setdefault("run", {}).update(stopped=rec.result.stopped))
     summary = _summarize(out, rec, run_block)
     if code is not None:
         summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})
-    return _with_gb(out, summary, kv_bytes)
+    return _with_gb(out, summary, kv_bytes, rec.figures)
 
 
 def _kv_bytes(source: Path, model: str | None) -> dict:
@@ -130,13 +136,14 @@ def _kv_bytes(source: Path, model: str | None) -> dict:
         raise RunError(str(e)) from None
 
 
-def _with_gb(out: Path, summary: RunSummary, kv_bytes: dict) -> RunSummary:
-    """``summary`` with the bytes' source and the GB figures (``replay.runs.kv_gb``), written to
-    ``out/summary.json``."""
-    from replay.runs.kv_gb import gb_figures
+def _with_gb(out: Path, summary: RunSummary, kv_bytes: dict, sink=None) -> RunSummary:
+    """``summary`` with the bytes' source and the GB figures (``replay.runs.kv_gb``; of the trace
+    at ``out``, or of a figures-only run's ``sink``), written to ``out/summary.json``."""
+    from replay.runs.kv_gb import gb_figures, gb_from_usage, pool_usage
 
-    summary = RunSummary.from_dict(summary.to_dict() | {"kv_bytes": kv_bytes}
-                                   | gb_figures(out, kv_bytes.get("bytes_per_token") or {}))
+    bpt = kv_bytes.get("bytes_per_token") or {}
+    gb = gb_figures(out, bpt) if sink is None else gb_from_usage(pool_usage(sink.series()), bpt)
+    summary = RunSummary.from_dict(summary.to_dict() | {"kv_bytes": kv_bytes} | gb)
     _write_json(out / SUMMARY_FILE, summary.to_dict())
     return summary
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from replay.errors import KvtraceError
-from replay.runs.metrics import trace_metrics
+from replay.runs.metrics import sink_metrics, trace_metrics
 
 SUMMARY_FILE = "summary.json"
 #: figures that are measured CPU (differ between identical replays)
@@ -84,6 +84,9 @@ class RunSummary:
     env: dict = field(default_factory=dict)
     #: where the bytes per token came from (``replay.runs.kv_gb.resolve_bytes``: trace/preset/none)
     kv_bytes: dict = field(default_factory=dict)
+    #: False: a figures-only run (``detail="figures"``, :mod:`replay.backends.figures`): these
+    #: figures were computed as the replay ran and no trace was written
+    traced: bool = True
     #: GB beside tokens (``replay.runs.kv_gb.GB_FIGURES``; None: the pool's bytes are unknown)
     full_pool_gb: float | None = None
     peak_full_used_gb: float | None = None
@@ -128,7 +131,8 @@ def read_summary(run_dir: str | Path) -> RunSummary:
 
 
 def _summarize(out: Path, rec, run_block: dict) -> RunSummary:
-    figures = trace_metrics(out)
+    sink = getattr(rec, "figures", None)  # a figures-only run: no trace to read them from
+    figures = trace_metrics(out) if sink is None else sink_metrics(sink)
     res = rec.result
     sim_ns = max(0, res.clock_ns - rec.first_arrival_ns)
     sim_s = sim_ns / 1e9
@@ -144,7 +148,7 @@ def _summarize(out: Path, rec, run_block: dict) -> RunSummary:
         aborted=res.num_aborted, steps=res.num_steps, stopped=getattr(res, "stopped", ""),
         policy=run_block["policy"], backend=run_block["backend"],
         source=run_block["source"], run=str(out), settings=run_block["settings"], assumed=run_block["assumed"],
-        patches=[p["setting"] + "=" + p["value"] for p in rec.patches],
+        patches=[p["setting"] + "=" + p["value"] for p in rec.patches], traced=sink is None,
     )
 
 

@@ -357,8 +357,15 @@ def _write_table(out: Path, specs, results: dict, grid):
         rows.append(row)
     df = pl.DataFrame(rows, infer_schema_length=None)
     tmp = out / f".summary.parquet.tmp-{os.getpid()}"
-    df.write_parquet(tmp)
-    os.replace(tmp, out / "summary.parquet")
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, out / "summary.parquet")
+    except (OSError, pl.exceptions.ComputeError) as e:  # a full disk (polars wraps the OSError)
+        from replay.errors import DataLostError
+
+        tmp.unlink(missing_ok=True)
+        raise DataLostError(f"{out / 'summary.parquet'}: could not write the sweep's table ({e}); the finished "
+                            "runs are kept: free space and run the same command again to resume") from None
     return df
 
 

@@ -40,8 +40,10 @@ def whole(small_workload, tmp_path_factory):
 
 
 def test_a_full_disk_makes_the_plan_incomplete_and_a_rerun_resumes_it(small_workload, whole, tmp_path):
+    """With --traces (the splits' traces fill the disk). The rerun's rows, every split traced, are
+    those of the figures-only plan (``whole``)."""
     out = tmp_path / "p"
-    res = run(*_plan_args(small_workload, out, "--jobs", "2"), preexec_fn=file_size_limit(20_000))
+    res = run(*_plan_args(small_workload, out, "--jobs", "2", "--traces"), preexec_fn=file_size_limit(20_000))
     assert_clean_failure(res, str(out), "splits failed", "File too large", "the plan is incomplete", code=1)
     assert res.stderr.count("kvtrace: error:") == 1 and "raise --kv-gb" not in res.stdout + res.stderr
     plan = json.loads(res.stdout)
@@ -57,9 +59,27 @@ def test_a_full_disk_makes_the_plan_incomplete_and_a_rerun_resumes_it(small_work
     else:  # nothing to draw: the report refuses, quoting the plan's note
         assert_clean_failure(run("report", out, "--out", tmp_path / "r.html"), "a plan with no completed split",
                              "the plan is incomplete", code=2)
-    again = run(*_plan_args(small_workload, out, "--jobs", "2"))
+    again = run(*_plan_args(small_workload, out, "--jobs", "2", "--traces"))
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["failed"] == [] and _rows(again, out) == whole
+    assert list((out / "policy=recorded").rglob("manifest.json")), "--traces kept no trace"
+
+
+def test_a_full_disk_under_a_figures_only_plan_is_one_clean_error_and_a_rerun_resumes_it(small_workload, whole,
+                                                                                        tmp_path):
+    """Figures-only splits write a summary each; the sweep's table is the first file the limit stops.
+    Before, polars' wrapped OSError came out as an unexpected error (exit 3)."""
+    out = tmp_path / "p"
+    res = run(*_plan_args(small_workload, out, "--jobs", "2"), preexec_fn=file_size_limit(4_000))
+    assert_clean_failure(res, "summary.parquet", "could not write the sweep's table", "File out of specification",
+                         "run the same command again", code=1)
+    assert not list((out / "policy=recorded").rglob("manifest.json")), "a figures-only split wrote a trace"
+    again = run(*_plan_args(small_workload, out, "--jobs", "2"))
+    assert again.returncode == 0, again.stderr
+    assert _rows(again, out) == whole
+    # the splits kept no trace: a --traces plan refuses to resume them (rather than deleting them)
+    assert_clean_failure(run(*_plan_args(small_workload, out, "--traces")), "kept no trace", "choose a new --out",
+                         code=2)
 
 
 def _session_pids(sid: int) -> list[int]:
