@@ -8,7 +8,8 @@ in one run: ``workloads`` in the output holds each one's keys) into a temporary 
 reference backend runs once per ``--coalescing`` value (default ``off,on``: step by step, then
 with exact decode-step coalescing, :mod:`replay.backends.reference.coalesce`), side by side in
 the same process: ``realtime_x_stepwise``, ``realtime_x_coalesced`` (simulated seconds per wall
-second), ``coalesced_over_stepwise_cpu`` (the CPU ratio, the figure a loaded machine does not
+second; then ``realtime_x_figures``, coalesced and figures-only, no trace written, as a plan's
+split runs), ``coalesced_over_stepwise_cpu`` (the CPU ratio, the figure a loaded machine does not
 distort much) and ``same_steps``; the sglang backend's ``sglang_sim_s_per_wall_s`` beside them and
 ``ratio`` (the faster reference figure over sglang's). Wall time includes writing the trace and
 computing the summary, as ``kvtrace replay`` does. On a shared machine the wall figure measures
@@ -35,6 +36,10 @@ reference --json``: production_1h 37.9x -> 51.8x (175.2 -> 127.7 CPU s), mixed 3
 steps; side by side with the tree before session 18 (``bench/replay_ab.py``) this tree takes 1.138x
 less CPU on production_1h, rows identical (docs/capacity.md "Session 18").
 
+Session 19, 2026-12-05 03:02 UTC (load ~1; this VM faster than in session 18), the same command
+with ``figures`` (coalesced, no trace written, as a plan's split) beside: production_1h 63.6x ->
+100.7x -> 105.0x (105.1 -> 66.7 -> 62.2 CPU s), same steps; mixed 66.4x -> 96.7x -> 111.3x.
+
 Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
 """
 
@@ -51,12 +56,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _measure(workload: str, args, tmp: Path, be: str, sets: list[str], tag: str) -> dict:
+def _measure(workload: str, args, tmp: Path, be: str, sets: list[str], tag: str, detail: str = "counts") -> dict:
     from replay.runs.replay import replay_run
 
     cpu0 = time.process_time()
     s = replay_run(workload, tmp / f"{Path(workload).name}-{tag}", policy=args.policy, sets=sets, backend=be,
-                   progress=False)
+                   progress=False, detail=detail)
     cpu = time.process_time() - cpu0
     return {f"{tag}_cpu_s": round(cpu, 3), f"{tag}_sim_s_per_cpu_s": round(s.sim_s / cpu, 3) if cpu > 0 else None,
             f"{tag}_steps": s.steps, f"{tag}_sim_s": s.sim_s, f"{tag}_wall_s": s.wall_s,
@@ -72,12 +77,16 @@ def _one(workload: str, args, tmp: Path) -> dict:
             out.update(_measure(workload, args, tmp, be, args.sets, be))
             continue
         for mode in args.coalescing.split(","):
-            tag = {"off": "reference_stepwise", "on": "reference_coalesced"}[mode]
-            out.update(_measure(workload, args, tmp, be, [*args.sets, f"decode_coalescing={mode}"], tag))
+            tag = {"off": "reference_stepwise", "on": "reference_coalesced", "figures": "reference_figures"}[mode]
+            out.update(_measure(workload, args, tmp, be,
+                                [*args.sets, f"decode_coalescing={'off' if mode == 'off' else 'on'}"], tag,
+                                detail="figures" if mode == "figures" else "counts"))
     if "reference_stepwise_sim_s_per_wall_s" in out:
         out["realtime_x_stepwise"] = out["reference_stepwise_sim_s_per_wall_s"]
     if "reference_coalesced_sim_s_per_wall_s" in out:
         out["realtime_x_coalesced"] = out["reference_coalesced_sim_s_per_wall_s"]
+    if "reference_figures_sim_s_per_wall_s" in out:  # coalesced, no trace: a plan's split
+        out["realtime_x_figures"] = out["reference_figures_sim_s_per_wall_s"]
     if "realtime_x_stepwise" in out and "realtime_x_coalesced" in out:
         out["coalesced_over_stepwise_cpu"] = round(out["reference_stepwise_cpu_s"] / out["reference_coalesced_cpu_s"], 3)
         out["same_steps"] = out["reference_stepwise_steps"] == out["reference_coalesced_steps"]
@@ -94,8 +103,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--policy", default="swa-fixes")
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--backends", default="reference,sglang")
-    ap.add_argument("--coalescing", default="off,on",
-                    help="decode_coalescing values the reference backend runs under, in turn (off,on)")
+    ap.add_argument("--coalescing", default="off,on,figures",
+                    help="the reference backend's runs, in turn: off (step by step), on (coalesced), figures "
+                         "(coalesced, figures-only: no trace written, as kvtrace plan runs a split)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     workloads = [w for w in args.workload.split(",") if w]
