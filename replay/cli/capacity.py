@@ -20,12 +20,15 @@ from replay.cli.grid import grid_options, run_grid
 @click.option("--full-pool-tokens", type=int, default=None, help="Fixed full pool (default: the source's).")
 @click.option("--swa-pool-tokens", type=int, default=None, help="Fixed SWA pool (default: the source's).")
 @click.option("--host-pool-tokens", type=int, default=None, help="Fixed host pool (default: the source's, 0 = none).")
+@click.option("--traces", is_flag=True,
+              help="Keep each size's trace (for kvtrace report's evidence figures, diff, doctor). Default: the "
+                   "sizes run figures-only, their summaries computed as they replay and no trace written.")
 @grid_options("size", "Sweep directory (re-running resumes; more sizes may be added) plus capacity.json.",
               "Print one JSON object (config, rows, notes).")
 def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, min_tokens: int | None,
                  max_tokens: int | None, full_pool_tokens: int | None, swa_pool_tokens: int | None,
                  host_pool_tokens: int | None, policy: str, model: str | None, out: str, jobs: int, executor: str,
-                 quiet: bool, force: bool, as_json: bool) -> None:
+                 traces: bool, quiet: bool, force: bool, as_json: bool) -> None:
     """Capacity curves of TRACE_OR_WORKLOAD: replay it at each size of one pool (reference backend,
     in parallel, resumable) and tabulate prefix-hit ratio, host hit ratio, TTFT p50/p99,
     retractions and peak/mean SWA used against the size in tokens and GB.
@@ -47,7 +50,7 @@ def capacity_cmd(source: str, pool: str, sizes: str | None, points: int | None, 
     res = run_grid(source, out, force, lambda: capacity_sweep(
         source, out, pool=pool, sizes_tokens=parsed, points=points, min_tokens=min_tokens, max_tokens=max_tokens,
         full_pool_tokens=full_pool_tokens, swa_pool_tokens=swa_pool_tokens, host_pool_tokens=host_pool_tokens,
-        policy=policy, model=model, jobs=jobs, executor=executor, progress=not (quiet or as_json)),
+        policy=policy, model=model, jobs=jobs, executor=executor, traces=traces, progress=not (quiet or as_json)),
         as_json, capacity_lines)
     failed = [r for r in res.rows if r["status"] != "ok"]
     if failed:  # a curve with holes is printed, and is an error for a script

@@ -68,8 +68,12 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
     paths = find_traces(target)
     if not paths:
         plan = _plan(target)
-        if plan is not None and any(r.get("status") in ("ok", "stopped") for r in plan.get("rows", ())):
-            return _plan_only_report(target, out, plan, plotly.offline.get_plotlyjs())
+        from replay.report.capacity import capacity_section
+
+        capacity_html, capacity = capacity_section(target, _render)
+        if capacity is not None or (plan is not None and any(r.get("status") in ("ok", "stopped")
+                                                             for r in plan.get("rows", ()))):
+            return _sections_only_report(target, out, plan, capacity_html, capacity, plotly.offline.get_plotlyjs())
         plan_notes = plan.get("notes") if isinstance(plan, dict) else None
         if plan_notes:  # a plan none of whose splits completed: say why, from its plan.json
             raise KvtraceError(f"{target}: a plan with no completed split to report ({plan_notes[0]})")
@@ -196,21 +200,23 @@ def _figures_only(run: Path) -> bool:
         return False
 
 
-def _plan_only_report(target: Path, out: Path, plan: dict, plotly_js: str) -> dict:
-    """The report of a plan whose splits kept no trace (``kvtrace plan`` runs them figures-only
-    unless ``--traces``): its section alone, from ``plan.json``."""
-    note = ("the splits ran figures-only (no traces): the plan's table and curves only; "
-            "kvtrace plan --traces keeps each split's trace for the evidence figures")
+def _sections_only_report(target: Path, out: Path, plan: dict | None, capacity_html: str, capacity: dict | None,
+                          plotly_js: str) -> dict:
+    """The report of a plan or capacity sweep whose runs kept no trace (both run figures-only
+    unless ``--traces``): their sections alone, from ``plan.json`` / ``capacity.json``."""
+    note = ("the runs below this directory are figures-only (no traces): the plan's or the curve's tables and "
+            "figures only; --traces keeps each run's trace for the evidence figures")
+    sections = (_plan_html(plan, _render) if plan is not None else "") + capacity_html
     page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly_js,
                         target=html.escape(str(target)), headline="", figures="",
-                        notes=f'<p class="note">{html.escape(note)}</p>', codes=_plan_html(plan, _render),
-                        details="")
+                        notes=f'<p class="note">{html.escape(note)}</p>', codes=sections, details="")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return {"out": str(out), "figures": [], "runs": [], "primary": None, "verdict": None, "primary_cause": None,
             "recommended_sets": [], "proof": None, "diagnosis": False, "notes": [note], "incomplete": [],
             "codes": [], "code_axis": None,
-            "plan": {"best": plan["best"], "server_args": plan["server_args"]}, "capacity": None}
+            "plan": ({"best": plan["best"], "server_args": plan["server_args"]} if plan is not None else None),
+            "capacity": capacity}
 
 
 def _plan(target) -> dict | None:

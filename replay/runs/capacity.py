@@ -30,6 +30,7 @@ import json
 import math
 from pathlib import Path
 
+from replay.backends.base import FIGURES as FIGURES_ONLY
 from replay.runs.summary import SUMMARY_FILE, RunError, read_summary
 
 GB = 1e9
@@ -61,6 +62,10 @@ class CapacityConfig:
     model: str | None = None
     jobs: int = 2
     executor: str = "local"
+    #: each size's trace kept; False: the sizes ran figures-only (``detail="figures"``,
+    #: :mod:`replay.backends.figures`: the same summary, no trace). True for sweeps made before
+    #: figures-only runs (they kept their traces)
+    traces: bool = True
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self) | {"sizes_tokens": list(self.sizes_tokens)}
@@ -113,7 +118,7 @@ def capacity_sweep(source: str | Path, out: str | Path, *, pool: str = "swa", si
                    points: int | None = None, min_tokens: int | None = None, max_tokens: int | None = None,
                    full_pool_tokens: int | None = None, swa_pool_tokens: int | None = None,
                    host_pool_tokens: int | None = None, policy: str = "recorded", backend: str = "reference",
-                   model: str | None = None, jobs: int = 2, executor: str = "local",
+                   model: str | None = None, jobs: int = 2, executor: str = "local", traces: bool = False,
                    progress: bool = False) -> CapacitySweep:
     """Replay ``source`` at each size of ``pool`` into the sweep directory ``out`` (module docstring).
 
@@ -127,6 +132,10 @@ def capacity_sweep(source: str | Path, out: str | Path, *, pool: str = "swa", si
             (default: resolved from ``source`` under ``policy``).
         model: a model preset for the bytes per token (needed when the trace records none).
         jobs, executor, progress: as :func:`replay.runs.sweep.sweep`.
+        traces: keep each size's trace (``kvtrace report``'s evidence, ``diff``, ``doctor``). Off
+            (the default; reference backend): the sizes run figures-only, their summaries computed
+            as they replay (:mod:`replay.backends.figures`, the same figures) and no trace written;
+            a sweep resumed with ``traces`` refuses sizes an earlier run kept no trace of.
     Raises:
         RunError: an unknown pool, a bad size (not a positive whole number of pages, too small for
             the pool; a size given twice runs once), no bytes per token (give ``model``), a source without
@@ -145,13 +154,23 @@ def capacity_sweep(source: str | Path, out: str | Path, *, pool: str = "swa", si
     sizes = (_check_sizes(sizes_tokens, pool, page, floor) if sizes_tokens is not None else
              _default_sizes(pool, fixed, page, floor, points, min_tokens, max_tokens))
     bpt, kv_source = _bytes(source, model, pool)
+    traces = bool(traces) or backend != "reference"
     cfg = CapacityConfig(str(source), pool, tuple(sizes), fixed["full_pool_tokens"], fixed["swa_pool_tokens"],
-                         fixed["host_pool_tokens"], page, policy, backend, model, jobs, executor)
+                         fixed["host_pool_tokens"], page, policy, backend, model, jobs, executor, traces)
     _claim(out, cfg)
     pts = [fixed | {KNOB[pool]: s} for s in sizes]
     pts = [{k: pt[k] for k in ("full_pool_tokens", "swa_pool_tokens", "host_pool_tokens")} for pt in pts]
+    if traces:  # a resumed sweep would keep a figures-only size as it is
+        from replay.runs.jobs import RunSpec
+
+        bare = [pt[KNOB[pool]] for pt in pts if (out / (rel := RunSpec(policy, tuple(pt.items())).rel_dir)
+                                                 / SUMMARY_FILE).is_file() and not read_summary(out / rel).traced]
+        if bare:
+            raise RunError(f"{out}: the sizes {', '.join(f'{b:,}' for b in bare)} kept no trace in this capacity "
+                           "sweep (it ran without --traces); to keep every size's trace choose a new --out "
+                           "(or --force)")
     df = sweep(source, out, policies=[policy], points=pts, jobs=jobs, executor=executor, backend=backend,
-               progress=progress, model=model)
+               detail="counts" if traces else FIGURES_ONLY, progress=progress, model=model)
     errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
     bound, notes = _one_pass(source, pool, sizes, fixed["full_pool_tokens"])
     rows = tuple(_row(out, policy, pool, pt, bpt, errors, b) for pt, b in zip(pts, bound))

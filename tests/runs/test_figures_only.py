@@ -154,3 +154,21 @@ def test_the_cli_says_a_run_is_figures_only_and_report_refuses_it_by_name(long_o
     r = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "r.html")])
     assert r.exit_code == 2 and "a figures-only run (--detail figures) wrote no trace" in r.output
     assert "Traceback" not in r.output
+
+
+def test_a_capacity_sweep_runs_figures_only_and_a_traced_resume_refuses_it(tmp_path):
+    """The curve's rows are those of a sweep that keeps traces (measured CPU and wall aside)."""
+    from replay.runs.capacity import capacity_sweep
+
+    kw = dict(pool="swa", sizes_tokens=(8192, 32768), model="mellum-like-swa", jobs=2)
+    bare = capacity_sweep(WORKLOADS / "mixed", tmp_path / "bare", **kw)
+    traced = capacity_sweep(WORKLOADS / "mixed", tmp_path / "traced", traces=True, **kw)
+    assert not bare.config.traces and traced.config.traces
+
+    def rows(res):
+        return [{k: v for k, v in r.items() if k not in ("run", "wall_s")} for r in res.rows]
+
+    assert rows(bare) == rows(traced) and bare.rows[0]["prefix_hit_ratio"] == 0.088729  # the golden
+    assert not list((tmp_path / "bare").rglob("manifest.json"))
+    with pytest.raises(RunError, match="kept no trace in this capacity sweep"):
+        capacity_sweep(WORKLOADS / "mixed", tmp_path / "bare", traces=True, **kw)

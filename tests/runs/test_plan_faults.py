@@ -119,7 +119,8 @@ def test_a_sigkilled_plan_leaves_no_process_and_resumes_to_the_same_plan(small_w
 
 def test_a_capacity_curve_with_failed_sizes_is_an_error_and_a_rerun_fills_it(small_workload, tmp_path):
     out = tmp_path / "c"
-    args = ["capacity", small_workload, "--sizes", "4096,8192", "--model", "mellum-like-swa", "--out", out, "--json"]
+    args = ["capacity", small_workload, "--sizes", "4096,8192", "--model", "mellum-like-swa", "--out", out, "--json",
+            "--traces"]  # the sizes' traces fill the disk
     res = run(*args, preexec_fn=file_size_limit(20_000))
     assert_clean_failure(res, str(out), "2 of 2 size(s) failed", "File too large", code=1)
     assert res.stderr.count("kvtrace: error:") == 1
