@@ -239,14 +239,9 @@ def record_trace(workload: Any, out: str | Path, run_loop: Callable[[RunObserver
         finally:
             tracer.stop(ended)
     except KeyboardInterrupt as e:
-        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
-        done = observer.done if observer is not None else 0
-        raise Interrupted(sig, f"{out}: interrupted by {sig} after {done} of {len(workload.requests)} requests; "
-                               "what was recorded is kept and its rank file says interrupted") from None
-    wall_ns = perf_counter_ns() - t0
-    first = min((w.arrival_ns for w in workload.requests), default=0)
-    recorded = RecordedRun(result=result, times={int(k): v for k, v in observer.times.items()},
-                           sched_cpu_ns=observer.sched_cpu_ns, wall_ns=wall_ns, first_arrival_ns=first)
+        raise _interrupted(e, out, observer, workload,
+                           "what was recorded is kept and its rank file says interrupted") from None
+    recorded = _recorded_run(result, observer, workload, t0)
     if getattr(rec, "failed", None):
         raise RecordingFailed(f"{out}: the recording failed ({rec.failed}); the events it could not write are "
                               "counted in the drops family and its rank file says crashed "
@@ -281,15 +276,26 @@ def _record_figures(workload: Any, out: Path, run_loop: Callable[[RunObserver], 
     try:
         result = run_loop(observer)
     except KeyboardInterrupt as e:
-        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
-        raise Interrupted(sig, f"{out}: interrupted by {sig} after {observer.done} of {len(workload.requests)} "
-                               "requests; a figures-only run keeps nothing") from None
+        raise _interrupted(e, out, observer, workload, "a figures-only run keeps nothing") from None
     finally:
         tracer.route(None)
+    return _recorded_run(result, observer, workload, t0, figures=sink)
+
+
+def _interrupted(e: KeyboardInterrupt, out: Path, observer: RunObserver | None, workload: Any,
+                 kept: str) -> Interrupted:
+    """The error of a run stopped by ``e`` (SIGINT, or the signal the CLI turned into it)."""
+    sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+    done = observer.done if observer is not None else 0
+    return Interrupted(sig, f"{out}: interrupted by {sig} after {done} of {len(workload.requests)} requests; {kept}")
+
+
+def _recorded_run(result: RunResult, observer: RunObserver, workload: Any, t0: int, **extra) -> RecordedRun:
+    """The loop's result and what ``observer`` noted, the wall time since ``t0``."""
     first = min((w.arrival_ns for w in workload.requests), default=0)
     return RecordedRun(result=result, times={int(k): v for k, v in observer.times.items()},
                        sched_cpu_ns=observer.sched_cpu_ns, wall_ns=perf_counter_ns() - t0, first_arrival_ns=first,
-                       figures=sink)
+                       **extra)
 
 
 class Backend(Protocol):

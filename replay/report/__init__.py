@@ -57,6 +57,7 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
 
     from replay.analysis.perfetto import require_memory_rows
     from replay.analysis.runs import SUMMARY_FILE, load_summary
+    from replay.runs.summary import figures_only
     from replay.report import figures as F
     from replay.report.codes import code_axis, code_axis_html, run_codes, run_codes_html
     from replay.report.headline import headline_html
@@ -77,7 +78,7 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
         plan_notes = plan.get("notes") if isinstance(plan, dict) else None
         if plan_notes:  # a plan none of whose splits completed: say why, from its plan.json
             raise KvtraceError(f"{target}: a plan with no completed split to report ({plan_notes[0]})")
-        if _figures_only(target):
+        if figures_only(target):
             raise KvtraceError(f"{target}: a figures-only run (--detail figures) wrote no trace to report; its "
                                f"figures are in {target / SUMMARY_FILE} (replay it with --detail counts for a report)")
         raise KvtraceError(f"{target}: no trace or run below it; expected a trace directory "
@@ -188,16 +189,6 @@ def incomplete_traces(traces: dict) -> list[str]:
             out.append(f"incomplete trace {label}: " + "; ".join(problems[:3]) + more
                        + ". The figures cover only what was recorded (kvtrace inspect --strict lists it all).")
     return out
-
-
-def _figures_only(run: Path) -> bool:
-    """Whether ``run`` is a figures-only run (its summary says ``traced: false``)."""
-    from replay.analysis.runs import load_summary
-
-    try:
-        return (run / "summary.json").is_file() and load_summary(run).get("traced", True) is False
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _sections_only_report(target: Path, out: Path, plan: dict | None, capacity_html: str, capacity: dict | None,

@@ -31,7 +31,7 @@ import math
 from pathlib import Path
 
 from replay.backends.base import FIGURES as FIGURES_ONLY
-from replay.runs.summary import SUMMARY_FILE, RunError, read_summary
+from replay.runs.summary import SUMMARY_FILE, RunError, figures_only, read_summary, refuse_untraced
 
 GB = 1e9
 POOLS = ("full", "swa", "host")
@@ -160,15 +160,12 @@ def capacity_sweep(source: str | Path, out: str | Path, *, pool: str = "swa", si
     _claim(out, cfg)
     pts = [fixed | {KNOB[pool]: s} for s in sizes]
     pts = [{k: pt[k] for k in ("full_pool_tokens", "swa_pool_tokens", "host_pool_tokens")} for pt in pts]
-    if traces:  # a resumed sweep would keep a figures-only size as it is
+    if traces:
         from replay.runs.jobs import RunSpec
 
-        bare = [pt[KNOB[pool]] for pt in pts if (out / (rel := RunSpec(policy, tuple(pt.items())).rel_dir)
-                                                 / SUMMARY_FILE).is_file() and not read_summary(out / rel).traced]
-        if bare:
-            raise RunError(f"{out}: the sizes {', '.join(f'{b:,}' for b in bare)} kept no trace in this capacity "
-                           "sweep (it ran without --traces); to keep every size's trace choose a new --out "
-                           "(or --force)")
+        refuse_untraced(out, [f"{pt[KNOB[pool]]:,}" for pt in pts
+                              if figures_only(out / RunSpec(policy, tuple(pt.items())).rel_dir)],
+                        "sizes", "capacity sweep", "size")
     df = sweep(source, out, policies=[policy], points=pts, jobs=jobs, executor=executor, backend=backend,
                detail="counts" if traces else FIGURES_ONLY, progress=progress, model=model)
     errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}

@@ -34,7 +34,8 @@ from typing import Callable
 from pathlib import Path
 
 from replay.backends.base import FIGURES
-from replay.runs.summary import SUMMARY_FILE, RunError, is_settings_refusal, read_summary
+from replay.runs.summary import (SUMMARY_FILE, RunError, figures_only, is_settings_refusal, read_summary,
+                                 refuse_untraced)
 
 GB = 1e9
 #: ``swa_full_tokens_ratio`` values tried by default (sglang's default 0.8; DSV4's 0.1)
@@ -180,13 +181,9 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
             raise RunError(f"{out}: the replays of ratios {', '.join(f'{r:g}' for r in cut)} stopped at their "
                            "first retraction in this plan; to run them to their end choose a new --out "
                            "(or --force)")
-    if traces:  # a resumed plan would keep a figures-only split as it is
-        bare = [p["swa_full_tokens_ratio"] for p in points if (out / _rel(policy, p) / SUMMARY_FILE).is_file()
-                and not read_summary(out / _rel(policy, p)).traced]
-        if bare:
-            raise RunError(f"{out}: the splits of ratios {', '.join(f'{r:g}' for r in bare)} kept no trace in this "
-                           "plan (it ran without --traces); to keep every split's trace choose a new --out "
-                           "(or --force)")
+    if traces:
+        refuse_untraced(out, [f"{p['swa_full_tokens_ratio']:g}" for p in points if figures_only(out / _rel(policy, p))],
+                        "splits of ratios", "plan", "split")
     largest = max(p["full_pool_tokens"] for p in points)
 
     def one_pass() -> float:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it

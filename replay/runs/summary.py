@@ -111,6 +111,25 @@ class RunSummary:
         return self.sim_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
+def figures_only(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds a finished figures-only run (its ``summary.json`` says ``traced:
+    false``; an unreadable or absent summary is not one)."""
+    path = Path(run_dir) / SUMMARY_FILE
+    try:
+        return path.is_file() and json.loads(path.read_text()).get("traced", True) is False
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def refuse_untraced(out: Path, names: list[str], what: str, sweep: str, unit: str) -> None:
+    """Refuse to resume, with traces, the ``sweep`` at ``out`` whose runs ``names`` (``what`` they
+    are; each a ``unit``) kept none: resuming would keep them as they are, deleting them would lose
+    finished runs."""
+    if names:
+        raise RunError(f"{out}: the {what} {', '.join(names)} kept no trace in this {sweep} (it ran without "
+                       f"--traces); to keep every {unit}'s trace choose a new --out (or --force)")
+
+
 def read_summary(run_dir: str | Path) -> RunSummary:
     """The :class:`RunSummary` of a finished run directory."""
     path = Path(run_dir) / SUMMARY_FILE

@@ -253,13 +253,15 @@ class PageKeys:
 
     def _adopt(self) -> None:
         donors, self._donor = self._donor, None
-        pages, donor = max((self._shared_pages(d), i) for i, d in enumerate(donors))
-        donor = donors[donor]
+        pages, i = max((self._shared_pages(d), i) for i, d in enumerate(donors))
         if pages <= 0:
             return
+        donor = donors[i]
         self.keys.extend(donor.keys[:pages])
         PageKeys.adopted_pages += pages
-        chains = np.concatenate(donor._chains)[:pages] if len(donor._chains) > 1 else donor._chains[0][:pages]
+        if len(donor._chains) > 1:  # joined once, for every request that adopts from it
+            donor._chains[:] = [np.concatenate(donor._chains)]
+        chains = donor._chains[0][:pages]
         self._chains.append(chains)
         self._last = int(chains[-1])
 

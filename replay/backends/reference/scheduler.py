@@ -192,8 +192,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         prev = self._session_keys.get(sid) if sid >= 0 else None
         first = int(wreq.page_hashes[0]) if len(wreq.page_hashes) else None
         last = self._first_block_last.get(first)
-        other = self._first_block_keys.get(first) if last is not None else None
-        req.keys.adopt_from(prev, other)
+        req.keys.adopt_from(prev, self._first_block_keys.get(first))
         if last is not None:
             if last == wreq.rid:
                 self._first_block_keys.pop(first, None)
