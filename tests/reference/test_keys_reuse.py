@@ -153,3 +153,25 @@ def test_sequence_slice_is_the_slice_of_the_sequence():
         for a, b in rng.integers(0, n + 1, size=(6, 2)):
             a, b = min(a, b), max(a, b)
             assert np.array_equal(syn.sequence_slice(w, int(a), int(b)), full[a:b])
+
+
+@pytest.mark.parametrize("name", ("multi_turn", "agentic"))
+def test_planned_slice_is_the_slice_of_the_whole_planned_sequence(name):
+    """``planned_slice`` computes only the positions asked for (a boundary page's ids, not the
+    whole output): the same ids as the prompt then ``output_ids``, copied turns and EOS included."""
+    from replay.backends.sglang.tokens import TokenSynth
+
+    wl = read_workload(WORKLOADS / name)
+    syn = TokenSynth(wl)
+    rng = np.random.default_rng(1)
+    copied = 0
+    for w in wl.requests[:300]:
+        whole = np.concatenate((syn._sequence(w, w.input_len), np.array(syn.output_ids(w), dtype=np.int64)))
+        copied += syn._copied_from(w)[1] > 0
+        n = len(whole)
+        cuts = [(0, n), (w.input_len, n), (n - 1, n + 5), (w.input_len - 3, w.input_len + 3)]
+        cuts += [tuple(sorted(map(int, rng.integers(0, n + 1, size=2)))) for _ in range(6)]
+        for a, b in cuts:
+            a = max(0, a)
+            assert np.array_equal(syn.planned_slice(w, a, b), whole[a:b]), (w.rid, a, b)
+    assert copied, f"{name}: no turn copies the next turn's prompt"

@@ -165,7 +165,7 @@ class SequenceOrigins:
         wreq: the request's workload row.
     """
 
-    __slots__ = ("synth", "wreq", "block_end", "hashes", "block_tokens", "runs", "copied", "_outputs")
+    __slots__ = ("synth", "wreq", "block_end", "hashes", "block_tokens", "runs", "copied")
 
     def __init__(self, synth, wreq) -> None:
         self.synth, self.wreq = synth, wreq
@@ -175,12 +175,9 @@ class SequenceOrigins:
         # outputs copied from the next turn that are its block tokens, past the leading run
         # (a prompt whose own tail broke the run): ``(begin, end, hashes)`` or None
         self.copied = synth.copied_blocks(wreq, self.block_end)
-        self._outputs = None  # the planned output ids, built the first time a page needs them
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
-        if stop > self.wreq.input_len and self._outputs is None:
-            self._outputs = self.synth.output_ids(self.wreq)
-        return self.synth.planned_slice(self.wreq, start, stop, self._outputs)
+        return self.synth.planned_slice(self.wreq, start, stop)
 
 
 class PageKeys:

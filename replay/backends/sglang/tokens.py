@@ -205,17 +205,31 @@ class TokenSynth:
                 runs.append([own, end, req.rid])
         return [(max(a, start), b, rid) for a, b, rid in runs if b > start]
 
-    def planned_slice(self, req: WorkloadRequest, start: int, stop: int, outputs: list[int] | None = None
-                      ) -> np.ndarray:
-        """Token ids ``[start, stop)`` of the request's whole sequence (prompt, then ``outputs``,
-        its :meth:`output_ids` when None)."""
+    def planned_slice(self, req: WorkloadRequest, start: int, stop: int) -> np.ndarray:
+        """Token ids ``[start, stop)`` of the request's whole sequence (prompt, then
+        :meth:`output_ids`), computing only those positions."""
         n = req.input_len
         if stop <= n:
             return self.sequence_slice(req, start, stop)
-        if outputs is None:
-            outputs = self.output_ids(req)
-        tail = np.array(outputs[max(0, start - n):stop - n], dtype=np.int64)
+        tail = self.output_slice(req, max(start, n), stop)
         return tail if start >= n else np.concatenate((self.sequence_slice(req, start, n), tail))
+
+    def output_slice(self, req: WorkloadRequest, start: int, stop: int) -> np.ndarray:
+        """``output_ids(req)`` at sequence positions ``[start, stop)`` (``input_len <= start``;
+        cut at the last output), as int64 ids, computing only those positions (a page of the
+        outputs needs its own ids, not the whole output's)."""
+        n, n_out = req.input_len, req.output_len
+        start, stop = max(start, n), min(stop, n + n_out)
+        if start >= stop:
+            return np.zeros(0, dtype=np.int64)
+        ids = unique_token_ids(req.rid, start, stop)
+        nxt, shared = self._copied_from(req)
+        if nxt is not None and start < n + shared:
+            end = min(stop, n + shared)
+            ids[:end - start] = self.sequence_slice(nxt, start, end)
+        if n_out < req.max_new_tokens and stop == n + n_out:
+            ids[-1] = EOS_TOKEN_ID
+        return ids
 
     def output_ids(self, req: WorkloadRequest) -> list[int]:
         """The ``output_len`` tokens the request will generate, in order."""
