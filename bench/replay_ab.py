@@ -15,7 +15,9 @@ Printed (``--json``: one object): each tree's CPU seconds per round (``process_t
 process: the loop, the recorder's flusher, the summary) and wall seconds, ``cpu_ratio`` (base
 over head, the median over rounds: above 1, this tree is faster), and ``identical``: whether the
 two runs wrote the same rows, family by family in ``seq`` order with the measured columns
-(``dur_ns``, ``step_ns``, ``cpu_ns``, ``wall_ns``) left out, with the first difference otherwise.
+(``dur_ns``, ``step_ns``, ``cpu_ns``, ``wall_ns``) left out, with the first difference otherwise
+(``--detail figures``: figures-only runs, as a plan's splits, and their summaries compared, every
+figure but the measured CPU and wall times).
 A speed change to the model must keep ``identical`` true.
 
 Measured 2026-12-04 (session 18), production_1h at the plan's best split (``--set
@@ -42,8 +44,9 @@ MEASURED = {"dur_ns", "step_ns", "cpu_ns", "wall_ns"}
 # The child: one recorded replay on the tree at argv[1]; prints one JSON line.
 _CHILD = r"""
 import json, sys, time
-root, out, source, policy, n = sys.argv[1:6]
-sets = sys.argv[6:]
+MEASURED = {"wall_s", "sched_cpu_ns", "host_alloc_cpu_ns", "host_free_cpu_ns", "run", "timing"}
+root, out, source, policy, n, detail = sys.argv[1:7]
+sets = sys.argv[7:]
 sys.path.insert(0, root)
 import replay
 assert replay.__file__.startswith(root), replay.__file__
@@ -57,9 +60,10 @@ if int(n):
     workloads.read_workload = first
 from replay.runs.replay import replay_run
 cpu0, t0 = time.process_time(), time.perf_counter()
-s = replay_run(source, out, policy=policy, sets=sets, backend="reference")
+s = replay_run(source, out, policy=policy, sets=sets, backend="reference", detail=detail)
 print(json.dumps({"cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(time.perf_counter() - t0, 3),
-                  "steps": s.steps, "sim_s": s.sim_s, "prefix_hit_ratio": s.prefix_hit_ratio}))
+                  "steps": s.steps, "sim_s": s.sim_s, "prefix_hit_ratio": s.prefix_hit_ratio,
+                  "summary": {k: v for k, v in s.to_dict().items() if k not in MEASURED}}))
 """
 
 
@@ -109,7 +113,17 @@ def first_difference(a: Path, b: Path) -> str | None:
     return None
 
 
-def measure(base: str, *, workload: str, policy: str, sets: list[str], requests: int, rounds: int) -> dict:
+def summary_difference(a: dict, b: dict) -> str | None:
+    """None when two runs' summaries agree on every figure but the measured ones and the run's
+    own path, else the first figure where they part (a figures-only run writes no rows)."""
+    for k in sorted(set(a) | set(b)):
+        if a.get(k) != b.get(k):
+            return f"summary.{k}: {a.get(k)!r} vs {b.get(k)!r}"
+    return None
+
+
+def measure(base: str, *, workload: str, policy: str, sets: list[str], requests: int, rounds: int,
+            detail: str = "counts") -> dict:
     with tempfile.TemporaryDirectory(prefix="kvtrace-ab-") as tmp:
         tmp = Path(tmp)
         (tmp / "base").mkdir()
@@ -123,7 +137,7 @@ def measure(base: str, *, workload: str, policy: str, sets: list[str], requests:
             for name, root in trees.items():
                 out = tmp / f"{name}-{r}"
                 procs[name] = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD, str(root), str(out), workload, policy, str(requests), *sets],
+                    [sys.executable, "-c", _CHILD, str(root), str(out), workload, policy, str(requests), detail, *sets],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for name, p in procs.items():
                 stdout, stderr = p.communicate()
@@ -133,9 +147,10 @@ def measure(base: str, *, workload: str, policy: str, sets: list[str], requests:
                 cpu[name].append(result[name]["cpu_s"])
                 wall[name].append(result[name]["wall_s"])
             if r == 0:
-                same = first_difference(tmp / "base-0", tmp / "head-0")
+                same = (summary_difference(result["base"]["summary"], result["head"]["summary"])
+                        if detail == "figures" else first_difference(tmp / "base-0", tmp / "head-0"))
         ratios = [b / h for b, h in zip(cpu["base"], cpu["head"]) if h > 0]
-        return {"base": base, "base_sha": sha, "workload": workload, "policy": policy, "sets": sets,
+        return {"base": base, "base_sha": sha, "workload": workload, "policy": policy, "sets": sets, "detail": detail,
                 "requests": requests or None, "rounds": rounds, "steps": result["head"]["steps"],
                 "sim_s": result["head"]["sim_s"], "base_cpu_s": cpu["base"], "head_cpu_s": cpu["head"],
                 "base_wall_s": wall["base"], "head_wall_s": wall["head"],
@@ -153,13 +168,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V")
     ap.add_argument("--requests", type=int, default=0, help="replay the first N arrivals only (0: all)")
     ap.add_argument("--rounds", type=int, default=1, help="side-by-side rounds (the ratio is their median)")
+    ap.add_argument("--detail", default="counts", choices=("counts", "figures"),
+                    help="figures: figures-only runs (a plan's splits), compared by their summaries")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.requests < 0:
         raise SystemExit("--rounds must be >= 1 and --requests >= 0")
     t0 = time.perf_counter()
     out = measure(args.base, workload=args.workload, policy=args.policy, sets=args.sets, requests=args.requests,
-                  rounds=args.rounds)
+                  rounds=args.rounds, detail=args.detail)
     out["bench_wall_s"] = round(time.perf_counter() - t0, 1)
     if args.json:
         print(json.dumps(out))

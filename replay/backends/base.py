@@ -152,6 +152,9 @@ class RunObserver:
 
     #: turns a workload request's rid into the loop's own request id (the key of :attr:`times`)
     key: Callable[[Any], Any] = int
+    #: whether the emits write a trace (False: a figures-only run, whose sink reads no arrival's
+    #: page hashes, so a loop may leave out their storage form)
+    traced = True
 
     def __init__(self, set_clock: Callable[[int], None], on_progress: Callable[[int, int], None] | None) -> None:
         self._set_clock = set_clock
@@ -272,6 +275,7 @@ def _record_figures(workload: Any, out: Path, run_loop: Callable[[RunObserver], 
     sink = FigureSink()
     emits = sink.emits()
     observer = observer_cls(emits["set_clock"], on_progress)
+    observer.traced = False
     tracer.route(emits)
     try:
         result = run_loop(observer)

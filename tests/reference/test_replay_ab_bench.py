@@ -36,6 +36,18 @@ def test_the_same_commit_writes_the_same_rows():
     assert d["steps"] > 0 and len(d["base_cpu_s"]) == len(d["head_cpu_s"]) == 1 and d["cpu_ratio"] > 0
 
 
+@pytest.mark.skipif(not _git_ok(), reason="not a git checkout: the bench exports a commit with git archive")
+@pytest.mark.skipif(_git_ok() and not _clean(), reason="replay/ or tracer/ differ from HEAD: HEAD is not this tree")
+def test_figures_only_runs_compare_by_their_summaries():
+    out = subprocess.run([sys.executable, str(BENCH), "--base", "HEAD", "--workload", "data/workloads/multi_turn",
+                          "--requests", "25", "--detail", "figures", "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["detail"] == "figures" and d["identical"] is True and d["first_difference"] is None
+    assert d["steps"] > 0
+
+
 def test_a_ref_that_is_no_commit_is_refused():
     out = subprocess.run([sys.executable, str(BENCH), "--base", "no-such-ref-kvtrace"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)

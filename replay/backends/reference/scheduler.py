@@ -73,6 +73,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         self._first_block_last = _shared_first_blocks(self.workload.requests)
         self._first_block_keys: dict = {}
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
+        self._traced = getattr(self.observer, "traced", True)
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
@@ -173,8 +174,12 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
                          SequenceOrigins(synth, wreq))
             self._adopt_keys(req, wreq)
             self._active[req.rid] = req
-            # shared prefixes written once, as the hooks write a declared prompt's arrival
-            prefix_rid, prefix_blocks, new = self._prefixes.encode(req.rid, wreq.page_hashes, chained=False)
+            # shared prefixes written once, as the hooks write a declared prompt's arrival (a
+            # figures-only run's sink reads none of it)
+            if self._traced:
+                prefix_rid, prefix_blocks, new = self._prefixes.encode(req.rid, wreq.page_hashes, chained=False)
+            else:
+                prefix_rid, prefix_blocks, new = -1, 0, wreq.page_hashes
             tracer.request(_ARRIVAL, req.rid, int(wreq.session_id), int(wreq.turn), req.input_len,
                            int(wreq.output_len), req.max_new_tokens, -1, str(wreq.rid), new, prefix_rid,
                            prefix_blocks)
