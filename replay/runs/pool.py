@@ -93,6 +93,7 @@ class ZygoteLauncher:
                                      stdout=subprocess.PIPE, stderr=log, env=_env())
         log.close()
         self.buf = b""
+        self.root = root
         self.running: set[str] = set()
         self.ready: dict = {}
         deadline = time.monotonic() + ZYGOTE_START_TIMEOUT_S
@@ -121,6 +122,19 @@ class ZygoteLauncher:
             msgs.append(json.loads(line))
         return msgs
 
+    def warm(self, spec: dict) -> None:
+        """Have the zygote read the source and key its requests before the runs it forks next
+        (``{"source", "page_sizes"}``; see :mod:`replay.runs.zygote`). What it kept goes into
+        ``zygote.json`` under ``warm`` when it replies."""
+        self._send({"warm": spec})
+
+    def _send(self, msg: dict) -> None:
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise ZygoteError(f"not reachable ({e})") from None
+
     def start(self, run: str, job: Path, log: Path) -> None:
         try:
             self.proc.stdin.write((json.dumps({"run": run, "job": str(job), "log": str(log)}) + "\n").encode())
@@ -132,6 +146,9 @@ class ZygoteLauncher:
     def finished(self, timeout: float) -> list[tuple[str, int]]:
         done = []
         for msg in self._read(timeout):
+            if "warmed" in msg:
+                self.ready["warm"] = msg["warmed"] if msg["warmed"] is not None else {"error": msg.get("error")}
+                (self.root / PARTIAL_DIR / ZYGOTE_INFO).write_text(json.dumps(self.ready))
             if "exited" in msg and msg["exited"] in self.running:
                 self.running.discard(msg["exited"])
                 status = msg["status"]
@@ -180,12 +197,14 @@ def _job_file(root: str, spec) -> Path:
     return Path(root) / PARTIAL_DIR / f"{spec.key.replace('/', '__')}.job.json"
 
 
-def run_local(args, jobs: int):
+def run_local(args, jobs: int, warm: dict | None = None):
     """Yield each run's result (``{"run", "status", "error", ...}``) as its process ends.
 
     Args:
         args: ``(source, root, spec, sets, backend, detail)`` per run, in start order.
         jobs: processes at a time.
+        warm: ``{"source", "page_sizes"}``: the zygote reads the source and keys its requests
+            once, before it forks the runs (:meth:`ZygoteLauncher.warm`; cold processes do not).
     """
     if not args:
         return
@@ -194,6 +213,8 @@ def run_local(args, jobs: int):
     (root / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
     launcher = _launcher(root, backend)
     try:
+        if warm and isinstance(launcher, ZygoteLauncher):
+            launcher.warm(warm)
         while pending or running:
             try:
                 while pending and len(running) < jobs:

@@ -22,6 +22,7 @@ writes ``summary.parquet`` with the unfinished runs as ``interrupted`` and can b
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -209,6 +210,8 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
                 if s.code in bad_codes}
     args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
     runner = _run_local if executor == "local" else _run_ray
+    if executor == "local":
+        runner = functools.partial(_run_local, warm=_warm_spec(source, todo, sets, backend))
     bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
     why = stop(results) if stop is not None and results else ""
     try:
@@ -293,11 +296,28 @@ def _claim(out: Path, source: Path, policies, grid, sets, backend: str, codes=No
     path.write_text(json.dumps(meta, indent=1))
 
 
-def _run_local(args, jobs: int):
+def _run_local(args, jobs: int, warm: dict | None = None):
     """One process per run, at most ``jobs`` at a time (:func:`replay.runs.pool.run_local`)."""
     from replay.runs.pool import run_local
 
-    yield from run_local(args, jobs)
+    yield from run_local(args, jobs, warm)
+
+
+def _warm_spec(source: Path, todo, sets, backend: str) -> dict | None:
+    """What the zygote keeps for the runs of a reference sweep (``replay.runs.worker.warm``): the
+    source read once and its page keys at each page size the runs use. None for one run (it
+    would wait for what it computes itself), another backend, or a source or knob the runs will
+    refuse (they report it)."""
+    if backend != "reference" or len(todo) < 2 or not source.is_dir():
+        return None
+    sizes = set()
+    try:
+        for spec in todo:
+            values, _ = resolve_settings(source, spec.policy, dict(knobs.parse_sets(sets)) | spec.knob_grid, backend)
+            sizes.add(int(values.get("page_size") or 1))
+    except Exception:  # noqa: BLE001 - the run meets the same error and reports it
+        return None
+    return {"source": str(source), "page_sizes": sorted(sizes)}
 
 
 def _run_ray(args, jobs: int):

@@ -8,10 +8,13 @@ cold processes while none pays the import (seconds of CPU per run). Linux only
 
 Protocol, one JSON object a line:
 
-- parent -> zygote (stdin): ``{"run": ID, "job": JOB.json, "log": RUN.log}``
+- parent -> zygote (stdin): ``{"run": ID, "job": JOB.json, "log": RUN.log}``; before the runs,
+  optionally ``{"warm": {"source": DIR, "page_sizes": [N, ...]}}``: read the source and key its
+  requests once (``replay.runs.worker.warm``), so the children forked after it start from them
 - zygote -> parent (stdout): ``{"ready": {...}}`` once, then per run ``{"started": ID, "pid": N}``
   and ``{"exited": ID, "status": S}`` (``S`` as ``Popen.returncode``: negative for a signal),
-  or ``{"exited": ID, "status": null, "error": ...}`` when the fork failed.
+  or ``{"exited": ID, "status": null, "error": ...}`` when the fork failed; per warm
+  ``{"warmed": {...}}`` or ``{"warmed": null, "error": ...}``.
 
 Threads: the zygote never starts a Python thread and checks before each fork that only its main
 thread exists; of the native threads its imports leave (numpy's OpenBLAS pool, pyarrow's jemalloc
@@ -113,6 +116,27 @@ def _fork(run: str, job: str, log: str, proto_fd: int, cmd_fd: int) -> int:
     return pid
 
 
+def _warm(spec: dict, proto_fd: int) -> None:
+    """Keep the sweep's source read and its page keys computed (``replay.runs.worker.warm``) for
+    the children forked after this; reply ``{"warmed": {...}}`` (``{"warmed": null, "error": ...}``
+    when it could not: the runs then read and key it themselves, and meet any error themselves)."""
+    import gc
+
+    from replay.runs.worker import warm
+
+    try:
+        info = warm(spec["source"], spec.get("page_sizes") or ())
+    except Exception as e:  # noqa: BLE001 - the runs go on without it
+        _send(proto_fd, {"warmed": None, "error": f"{type(e).__name__}: {e}"})
+        return
+    if "polars" in sys.modules:  # its thread pool is not fork-safe: no more forks from here
+        print("kvtrace zygote: polars got imported while warming; stopping", file=sys.stderr)
+        raise SystemExit(2)
+    gc.collect()
+    gc.freeze()
+    _send(proto_fd, {"warmed": info})
+
+
 def _on_term(signum, frame) -> None:
     global _STOP
     _STOP = True
@@ -181,6 +205,9 @@ def serve(backend: str) -> int:
             if not line.strip():
                 continue
             msg = json.loads(line)
+            if "warm" in msg:
+                _warm(msg["warm"], proto_fd)
+                continue
             try:
                 pid = _fork(msg["run"], msg["job"], msg["log"], proto_fd, cmd_fd)
             except (OSError, RuntimeError) as e:

@@ -14,7 +14,7 @@ page hashes) and its manifest; any recorded trace is also a valid workload.
 from replay.workloads.errors import FormatError, WorkloadError
 from replay.workloads.io import write_workload
 from replay.workloads.model import RequestColumns, Workload, WorkloadRequest
-from replay.workloads.read import read_workload
+from replay.workloads.read import preload_workload, read_workload
 
-__all__ = ["FormatError", "WorkloadError", "RequestColumns", "Workload", "WorkloadRequest", "read_workload",
-           "write_workload"]
+__all__ = ["FormatError", "WorkloadError", "RequestColumns", "Workload", "WorkloadRequest", "preload_workload",
+           "read_workload", "write_workload"]

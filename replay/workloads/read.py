@@ -52,6 +52,10 @@ def read_workload(path: str | os.PathLike, rank: int | None = None) -> Workload:
     path = Path(path)
     if not path.is_dir():
         raise WorkloadError(f"{path}: not a directory (expected a workload/trace directory)")
+    if _PRELOADED:
+        kept = _PRELOADED.get((str(path.resolve()), rank))
+        if kept is not None and kept[0] == _fingerprint(path):
+            return kept[1]
     try:
         trace = open_trace(path, strict=False)
     except TraceError as e:
@@ -81,6 +85,36 @@ def read_workload(path: str | os.PathLike, rank: int | None = None) -> Workload:
     cols = _columns(arrivals)
     block = _hash_block_tokens(path, trace.manifest, cols, assumed)
     return Workload(path, trace.manifest, block, cols, arrivals, rank, tuple(assumed))
+
+
+#: (directory, rank) -> (its files' fingerprint, the workload read from it): see :func:`preload_workload`
+_PRELOADED: dict[tuple[str, int | None], tuple[tuple, Workload]] = {}
+
+
+def preload_workload(path: str | os.PathLike, rank: int | None = None) -> Workload:
+    """:func:`read_workload`, kept: until the directory's files change, a later ``read_workload``
+    of it in this process, or in a process forked from it, returns this workload (its request
+    objects built) instead of reading it again. A sweep's zygote preloads its source before it
+    forks the runs (``replay.runs.worker.warm``); nothing else does, so no other caller shares
+    a workload object."""
+    _PRELOADED.pop((str(Path(path).resolve()), rank), None)
+    wl = read_workload(path, rank)
+    wl.requests  # noqa: B018 - a cached property: built once, before the forks
+    _PRELOADED[(str(Path(path).resolve()), rank)] = (_fingerprint(Path(path)), wl)
+    return wl
+
+
+def _fingerprint(path: Path) -> tuple:
+    """Every file under ``path`` with its size and modification time."""
+    out = []
+    for p in sorted(path.rglob("*")):
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if p.is_file():
+            out.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def _family_of(root: Path, file: str) -> str | None:

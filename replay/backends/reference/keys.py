@@ -195,7 +195,7 @@ class PageKeys:
     """
 
     __slots__ = ("prompt", "prompt_len", "extra", "ps", "keys", "_last", "_origins", "_block_pages", "_chains",
-                 "_donor")
+                 "_donor", "_table")
 
     #: pages taken from a donor instead of keyed (a diagnostic: the tests see adoption run)
     adopted_pages = 0
@@ -212,6 +212,7 @@ class PageKeys:
         self._block_pages = 0  # pages keyed from block hashes (the first ones)
         self._chains: list[np.ndarray] = []  # the chain value after each of those keyed so far
         self._donor: tuple | None = None  # whose block pages to take first (``adopt_from``)
+        self._table: np.ndarray | None = None  # every key of the planned sequence (``take_from``)
         if origins is not None and self._block_pages_allowed():
             self._block_pages = origins.block_end // page_size
 
@@ -232,6 +233,14 @@ class PageKeys:
         donors = tuple(d for d in donors if d is not None and d is not self and d._origins is not None)
         if donors:
             self._donor = donors
+
+    def take_from(self, keys: np.ndarray) -> None:
+        """Read the keys from ``keys`` (uint64: every page of the whole planned sequence, as this
+        object would compute them; :mod:`replay.backends.reference.keytable`) instead of
+        computing them. Only before any key is computed."""
+        if self.keys:
+            return
+        self._table, self._donor = keys, None
 
     def _shared_pages(self, donor: PageKeys) -> int:
         """Leading block pages of this sequence that ``donor`` has keyed with the same hashes."""
@@ -305,6 +314,11 @@ class PageKeys:
         if n == have:
             return keys
         if have < n:
+            if self._table is not None:
+                if n > len(self._table):
+                    raise ValueError(f"page keys: {n} pages asked for, the table holds {len(self._table)}")
+                keys.extend(self._table[have:n].tolist())
+                return keys
             ps, nb, org = self.ps, self._block_pages, self._origins
             if self._donor is not None:
                 self._adopt()
@@ -325,5 +339,56 @@ class PageKeys:
         return keys if n == len(keys) else keys[:n]
 
 
-__all__ = ["LazyPrompt", "PageKeys", "SequenceOrigins", "block_page_digests", "chain_keys", "page_keys",
+class KeyDonors:
+    """Which earlier request each arriving request takes its leading page keys from
+    (:meth:`PageKeys.adopt_from`): its session's previous turn, or the last request that began with
+    the same hash block (a system prompt shared across sessions). A session's entry goes at its
+    last turn, a first block's at the last request that begins with it.
+
+    Args:
+        requests: the workload's requests, in arrival order.
+        next_turn: rid -> the session's next turn (``TokenSynth._next_turn``).
+    """
+
+    def __init__(self, requests, next_turn: dict) -> None:
+        self.next_turn = next_turn
+        self.session: dict = {}  # session -> the PageKeys of its last arrived turn (not its last)
+        # first hash block -> the rid of the last request that begins with it (blocks that begin
+        # two or more requests), and -> the PageKeys of the last such request arrived
+        self.first_block_last = _shared_first_blocks(requests)
+        self.first_block: dict = {}
+
+    def adopt(self, keys: PageKeys, wreq) -> None:
+        """Point ``keys`` (of the arriving ``wreq``) at its donors; note it as a later one's."""
+        sid = int(wreq.session_id)
+        prev = self.session.get(sid) if sid >= 0 else None
+        first = int(wreq.page_hashes[0]) if len(wreq.page_hashes) else None
+        last = self.first_block_last.get(first)
+        keys.adopt_from(prev, self.first_block.get(first))
+        if last is not None:
+            if last == wreq.rid:
+                self.first_block.pop(first, None)
+            else:
+                self.first_block[first] = keys
+        if sid >= 0:
+            if wreq.rid in self.next_turn:
+                self.session[sid] = keys
+            else:
+                self.session.pop(sid, None)
+
+
+def _shared_first_blocks(requests) -> dict[int, int]:
+    """First hash block -> the rid of the last request (in arrival order) that begins with it, for
+    the blocks that begin two or more requests."""
+    last: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for r in requests:
+        if len(r.page_hashes):
+            h = int(r.page_hashes[0])
+            last[h] = r.rid
+            count[h] = count.get(h, 0) + 1
+    return {h: rid for h, rid in last.items() if count[h] > 1}
+
+
+__all__ = ["KeyDonors", "LazyPrompt", "PageKeys", "SequenceOrigins", "block_page_digests", "chain_keys", "page_keys",
            "token_page_digests", "unique_page_digests"]

@@ -24,7 +24,8 @@ from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
 from replay.backends.reference.coalesce import POOL_IDS as _POOL_IDS, CoalesceMixin
 from replay.backends.reference.decode import DecodeMixin
-from replay.backends.reference.keys import LazyPrompt, SequenceOrigins
+from replay.backends.reference import keytable
+from replay.backends.reference.keys import KeyDonors, LazyPrompt, SequenceOrigins
 from replay.backends.reference.request import EOS_TOKEN_ID, RefReq, output_plan
 from replay.backends.reference.settings import ReferenceSettings
 from replay.memory import KVCacheModel
@@ -67,11 +68,10 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if alloc is not None:
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
-        self._session_keys: dict = {}  # session -> the PageKeys of its last arrived turn (not its last)
-        # first hash block -> the rid of the last request that begins with it (blocks that begin
-        # two or more requests), and -> the PageKeys of the last such request arrived
-        self._first_block_last = _shared_first_blocks(self.workload.requests)
-        self._first_block_keys: dict = {}
+        # each request's page keys: from a table computed before the run (a sweep's zygote), else
+        # computed as the run needs them, the leading ones taken from an earlier request
+        self._key_table = keytable.lookup(self.workload, s.page_size)
+        self._donors = KeyDonors(self.workload.requests, self._synth._next_turn) if self._key_table is None else None
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
         self._traced = getattr(self.observer, "traced", True)
         self._pending = list(self.workload.requests)
@@ -172,7 +172,12 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             req = RefReq(wreq, LazyPrompt(synth, wreq, int(wreq.input_len)), output_plan(wreq), s.page_size,
                          self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)),
                          SequenceOrigins(synth, wreq))
-            self._adopt_keys(req, wreq)
+            if self._donors is None:
+                table = self._key_table.of(req.rid)
+                if table is not None:
+                    req.keys.take_from(table)
+            else:
+                self._donors.adopt(req.keys, wreq)
             self._active[req.rid] = req
             # shared prefixes written once, as the hooks write a declared prompt's arrival (a
             # figures-only run's sink reads none of it)
@@ -187,27 +192,6 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
                 self._complete(req, "too_long")
             else:
                 self.waiting.append(req)
-
-    def _adopt_keys(self, req: RefReq, wreq) -> None:
-        """Let the request take its leading page keys from the request that shares most of them:
-        its session's previous turn, or the last request that began with the same hash block (a
-        system prompt shared across sessions). A session's entry goes at its last turn, a first
-        block's at the last request that begins with it."""
-        sid = int(wreq.session_id)
-        prev = self._session_keys.get(sid) if sid >= 0 else None
-        first = int(wreq.page_hashes[0]) if len(wreq.page_hashes) else None
-        last = self._first_block_last.get(first)
-        req.keys.adopt_from(prev, self._first_block_keys.get(first))
-        if last is not None:
-            if last == wreq.rid:
-                self._first_block_keys.pop(first, None)
-            else:
-                self._first_block_keys[first] = req.keys
-        if sid >= 0:
-            if wreq.rid in self._synth._next_turn:
-                self._session_keys[sid] = req.keys
-            else:
-                self._session_keys.pop(sid, None)
 
     def _too_long(self, wreq) -> bool:
         """Whether an arriving request is aborted at once: its prompt and a page do not fit the
@@ -387,19 +371,6 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
     def _occ_text(self) -> str:
         return str({k: v.__dict__ for k, v in self.model.snapshot().items()})
-
-
-def _shared_first_blocks(requests) -> dict[int, int]:
-    """First hash block -> the rid of the last request (in arrival order) that begins with it, for
-    the blocks that begin two or more requests."""
-    last: dict[int, int] = {}
-    count: dict[int, int] = {}
-    for r in requests:
-        if len(r.page_hashes):
-            h = int(r.page_hashes[0])
-            last[h] = r.rid
-            count[h] = count.get(h, 0) + 1
-    return {h: rid for h, rid in last.items() if count[h] > 1}
 
 
 __all__ = ["ReferenceBackend", "RefReq"]
