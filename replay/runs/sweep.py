@@ -211,7 +211,7 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
     runner = _run_local if executor == "local" else _run_ray
     if executor == "local":
-        runner = functools.partial(_run_local, warm=_warm_spec(source, todo, sets, backend))
+        runner = functools.partial(_run_local, warm=_warm_spec(source, todo, sets, backend, jobs))
     bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
     why = stop(results) if stop is not None and results else ""
     try:
@@ -303,9 +303,10 @@ def _run_local(args, jobs: int, warm: dict | None = None):
     yield from run_local(args, jobs, warm)
 
 
-def _warm_spec(source: Path, todo, sets, backend: str) -> dict | None:
+def _warm_spec(source: Path, todo, sets, backend: str, jobs: int) -> dict | None:
     """What the zygote keeps for the runs of a reference sweep (``replay.runs.worker.warm``): the
-    source read once and its page keys at each page size the runs use. None for one run (it
+    source read once and its page keys at each page size the runs use, keyed by as many processes
+    as the sweep runs at a time (no run starts before). None for one run (it
     would wait for what it computes itself), another backend, or a source or knob the runs will
     refuse (they report it)."""
     if backend != "reference" or len(todo) < 2 or not source.is_dir():
@@ -317,7 +318,7 @@ def _warm_spec(source: Path, todo, sets, backend: str) -> dict | None:
             sizes.add(int(values.get("page_size") or 1))
     except Exception:  # noqa: BLE001 - the run meets the same error and reports it
         return None
-    return {"source": str(source), "page_sizes": sorted(sizes)}
+    return {"source": str(source), "page_sizes": sorted(sizes), "workers": min(jobs, os.cpu_count() or 1)}
 
 
 def _run_ray(args, jobs: int):

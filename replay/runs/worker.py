@@ -67,11 +67,12 @@ def preload(backend: str = "sglang") -> list[str]:
     return skipped
 
 
-def warm(source: str, page_sizes) -> dict:
+def warm(source: str, page_sizes, workers: int = 1) -> dict:
     """Read ``source`` once and key its requests at each of ``page_sizes``, kept in this process
     (``replay.workloads.preload_workload``, :mod:`replay.backends.reference.keytable`): a sweep's
     zygote calls it before it forks the runs of the reference backend, which then neither read
-    the workload nor compute a page key again. Returns what it kept (for ``zygote.json``)."""
+    the workload nor compute a page key again; ``workers``: processes keying the requests
+    (``keytable.build``). Returns what it kept (for ``zygote.json``)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     from replay.backends.reference import keytable
     from replay.workloads import preload_workload
@@ -80,10 +81,10 @@ def warm(source: str, page_sizes) -> dict:
     pages = nbytes = 0
     sizes = sorted({int(p) for p in page_sizes})
     for ps in sizes:
-        table = keytable.build(wl, ps)
+        table = keytable.build(wl, ps, workers=workers)
         keytable.install(wl, table)
         pages, nbytes = pages + len(table.keys), nbytes + table.nbytes
-    return {"source": str(source), "requests": len(wl.requests), "page_sizes": sizes, "pages": pages,
+    return {"source": str(source), "requests": len(wl.requests), "page_sizes": sizes, "workers": workers, "pages": pages,
             "mb": round(nbytes / 1e6, 1), "wall_s": round(time.perf_counter() - t0, 3),
             "cpu_s": round(time.process_time() - cpu0, 3)}
 

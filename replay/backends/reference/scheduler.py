@@ -169,14 +169,13 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if self.observer is not None:
                 self.observer.on_arrival(wreq, self.clock_ns)
             synth = self._synth
+            table = self._key_table.of(int(wreq.rid)) if self._key_table is not None else None
             req = RefReq(wreq, LazyPrompt(synth, wreq, int(wreq.input_len)), output_plan(wreq), s.page_size,
                          self._max_new_tokens(int(wreq.input_len), int(wreq.max_new_tokens)),
-                         SequenceOrigins(synth, wreq))
-            if self._donors is None:
-                table = self._key_table.of(req.rid)
-                if table is not None:
-                    req.keys.take_from(table)
-            else:
+                         SequenceOrigins(synth, wreq) if table is None else None)
+            if table is not None:  # its keys computed before the run (no origins needed)
+                req.keys.take_from(table)
+            elif self._donors is not None:
                 self._donors.adopt(req.keys, wreq)
             self._active[req.rid] = req
             # shared prefixes written once, as the hooks write a declared prompt's arrival (a

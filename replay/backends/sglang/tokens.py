@@ -79,6 +79,7 @@ class TokenSynth:
     def __init__(self, workload: Workload) -> None:
         self.block_tokens = workload.hash_block_tokens
         self._next_turn: dict[int, WorkloadRequest] = {}
+        self._copied: dict[int, tuple[WorkloadRequest | None, int]] = {}  # rid -> ``_copied_from``
         by_session: dict[int, list[WorkloadRequest]] = {}
         for r in workload.requests:
             if r.session_id >= 0 and r.turn >= 0:
@@ -130,6 +131,12 @@ class TokenSynth:
     def _copied_from(self, req: WorkloadRequest) -> tuple[WorkloadRequest | None, int]:
         """(the next turn whose prompt tokens the first outputs are, how many), or (None, 0): the
         next turn of the session extends this prompt (all its full blocks equal)."""
+        got = self._copied.get(req.rid)
+        if got is None:
+            got = self._copied[req.rid] = self._copied_from_uncached(req)
+        return got
+
+    def _copied_from_uncached(self, req: WorkloadRequest) -> tuple[WorkloadRequest | None, int]:
         nxt = self._next_turn.get(req.rid)
         full = req.input_len // self.block_tokens
         if (nxt is not None and nxt.input_len > req.input_len and full <= len(nxt.page_hashes)
