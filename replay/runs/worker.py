@@ -78,15 +78,14 @@ def warm(source: str, page_sizes, workers: int = 1) -> dict:
     from replay.workloads import preload_workload
 
     wl = preload_workload(source)
-    pages = nbytes = 0
+    pages = 0
     sizes = sorted({int(p) for p in page_sizes})
     for ps in sizes:
         table = keytable.build(wl, ps, workers=workers)
         keytable.install(wl, table)
-        pages, nbytes = pages + len(table.keys), nbytes + table.nbytes
-    return {"source": str(source), "requests": len(wl.requests), "page_sizes": sizes, "workers": workers, "pages": pages,
-            "mb": round(nbytes / 1e6, 1), "wall_s": round(time.perf_counter() - t0, 3),
-            "cpu_s": round(time.process_time() - cpu0, 3)}
+        pages += table.pages
+    return {"source": str(source), "requests": len(wl.requests), "page_sizes": sizes, "workers": workers,
+            "pages": pages, "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - cpu0, 3)}
 
 
 def run_job(job: Path, *, t0: float | None = None, cpu0: float | None = None) -> int:

@@ -212,7 +212,7 @@ class PageKeys:
         self._block_pages = 0  # pages keyed from block hashes (the first ones)
         self._chains: list[np.ndarray] = []  # the chain value after each of those keyed so far
         self._donor: tuple | None = None  # whose block pages to take first (``adopt_from``)
-        self._table: np.ndarray | None = None  # every key of the planned sequence (``take_from``)
+        self._table: list[int] | None = None  # every key of the planned sequence (``take_from``)
         if origins is not None and self._block_pages_allowed():
             self._block_pages = origins.block_end // page_size
 
@@ -234,10 +234,10 @@ class PageKeys:
         if donors:
             self._donor = donors
 
-    def take_from(self, keys: np.ndarray) -> None:
-        """Read the keys from ``keys`` (uint64: every page of the whole planned sequence, as this
-        object would compute them; :mod:`replay.backends.reference.keytable`) instead of
-        computing them. Only before any key is computed."""
+    def take_from(self, keys: list[int]) -> None:
+        """Read the keys from ``keys`` (every page of the whole planned sequence, as this object
+        would compute them; :mod:`replay.backends.reference.keytable`) instead of computing
+        them. Only before any key is computed."""
         if self.keys:
             return
         self._table, self._donor = keys, None
@@ -317,7 +317,7 @@ class PageKeys:
             if self._table is not None:
                 if n > len(self._table):
                     raise ValueError(f"page keys: {n} pages asked for, the table holds {len(self._table)}")
-                keys.extend(self._table[have:n].tolist())
+                keys.extend(self._table[have:n])
                 return keys
             ps, nb, org = self.ps, self._block_pages, self._origins
             if self._donor is not None:
