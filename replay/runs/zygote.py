@@ -40,6 +40,7 @@ import time
 from replay.procs import die_with_parent, ignore_sigint, wait_readable
 
 _STOP = False
+_WARMING = False  # inside ``_warm``: SIGTERM ends the zygote at once (no child forked yet to stop)
 
 
 #: seconds a child has to exit after SIGTERM before it is killed
@@ -125,11 +126,15 @@ def _warm(spec: dict, proto_fd: int) -> None:
 
     from replay.runs.worker import warm
 
+    global _WARMING
+    _WARMING = True
     try:
         info = warm(spec["source"], spec.get("page_sizes") or (), workers=int(spec.get("workers") or 1))
     except Exception as e:  # noqa: BLE001 - the runs go on without it
         _send(proto_fd, {"warmed": None, "error": f"{type(e).__name__}: {e}"})
         return
+    finally:
+        _WARMING = False
     if "polars" in sys.modules:  # its thread pool is not fork-safe: no more forks from here
         print("kvtrace zygote: polars got imported while warming; stopping", file=sys.stderr)
         raise SystemExit(2)
@@ -141,6 +146,8 @@ def _warm(spec: dict, proto_fd: int) -> None:
 def _on_term(signum, frame) -> None:
     global _STOP
     _STOP = True
+    if _WARMING:  # seconds of keying to abandon; its worker processes die with the zygote
+        raise SystemExit(128 + signum)
 
 
 def _stop_children(children: dict[int, str], proto_fd: int) -> None:
