@@ -10,8 +10,10 @@ at their first retraction or abort, the search ends once the curve has turned do
 reaches 99 % of the attainable hit ratio); ``--early-stop off`` replays every split of the 12
 (infeasible ones still stop at their first retraction: ``--run-infeasible`` runs them out),
 ``--jobs`` at a time on the reference backend, into a fresh plan directory, the splits
-figures-only as ``kvtrace plan`` runs them without ``--traces`` (session 19: 139.8 s wall, 277.1
-CPU s, 5 of 12 splits, docs/capacity.md "Plan speed"). ``--json`` keys:
+figures-only as ``kvtrace plan`` runs them without ``--traces``, the sweep's zygote reading the
+workload and keying its requests once for all splits (session 20: 114.2 and 115.2 s wall, 226-228
+CPU s, 5 of 12 splits; the tree before it, acd942f, 136.3 s the same morning; docs/capacity.md
+"Plan speed"). ``--json`` keys:
 ``wall_s``, ``cpu_s`` (this process and its finished children), ``splits`` (considered),
 ``splits_run``, ``splits_stopped`` (ended at a first retraction/abort), ``early_stop_reason``,
 ``s_per_split``, ``sim_s`` (the workload's simulated seconds of a whole split), ``realtime_x``
