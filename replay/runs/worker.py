@@ -67,25 +67,39 @@ def preload(backend: str = "sglang") -> list[str]:
     return skipped
 
 
-def warm(source: str, page_sizes, workers: int = 1) -> dict:
+#: the most page keys the zygote keeps over all page sizes (a list entry and an int each, ~40 B:
+#: ~1.3 GB); a page size whose keys would pass it is left to the runs (production_1h: 16.2 M at
+#: page size 16, 259 M at page size 1)
+MAX_WARM_PAGES = 32_000_000
+
+
+def warm(source: str, page_sizes, workers: int = 1, max_pages: int | None = None) -> dict:
     """Read ``source`` once and key its requests at each of ``page_sizes``, kept in this process
     (``replay.workloads.preload_workload``, :mod:`replay.backends.reference.keytable`): a sweep's
     zygote calls it before it forks the runs of the reference backend, which then neither read
     the workload nor compute a page key again; ``workers``: processes keying the requests
-    (``keytable.build``). Returns what it kept (for ``zygote.json``)."""
+    (``keytable.build``). Page sizes whose keys would take the total past ``max_pages``
+    (:data:`MAX_WARM_PAGES`) are skipped, smallest count first kept. Returns what it kept (for
+    ``zygote.json``)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     from replay.backends.reference import keytable
     from replay.workloads import preload_workload
 
+    limit = MAX_WARM_PAGES if max_pages is None else max_pages
     wl = preload_workload(source)
-    pages = 0
-    sizes = sorted({int(p) for p in page_sizes})
-    for ps in sizes:
+    tokens = sum(int(w.input_len) + max(int(w.output_len), 0) for w in wl.requests)
+    pages, kept, skipped = 0, [], []
+    for ps in sorted({int(p) for p in page_sizes}, reverse=True):  # fewest keys first
+        if pages + tokens // ps > limit:
+            skipped.append(ps)
+            continue
         table = keytable.build(wl, ps, workers=workers)
         keytable.install(wl, table)
         pages += table.pages
-    return {"source": str(source), "requests": len(wl.requests), "page_sizes": sizes, "workers": workers,
-            "pages": pages, "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - cpu0, 3)}
+        kept.append(ps)
+    return {"source": str(source), "requests": len(wl.requests), "page_sizes": sorted(kept),
+            "skipped_page_sizes": sorted(skipped), "workers": workers, "pages": pages,
+            "wall_s": round(time.perf_counter() - t0, 3), "cpu_s": round(time.process_time() - cpu0, 3)}
 
 
 def run_job(job: Path, *, t0: float | None = None, cpu0: float | None = None) -> int:

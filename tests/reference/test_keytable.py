@@ -187,3 +187,13 @@ def test_a_failed_worker_is_an_error_not_a_short_table():
         pytest.skip("keying in forked workers needs fork")
     out = _parallel("fail")
     assert out.returncode != 0 and "RuntimeError: key table: worker 1 of 2 exited with status 1" in out.stderr
+
+
+def test_warm_leaves_a_page_size_past_its_key_budget_to_the_runs(clean_registry):
+    from replay.runs.worker import warm
+
+    info = warm(str(WORKLOADS / "multi_turn"), [1, 16], max_pages=1_000_000)
+    assert info["page_sizes"] == [16] and info["skipped_page_sizes"] == [1]
+    assert 0 < info["pages"] <= 1_000_000 and info["requests"] == 500
+    wl = read_workload(WORKLOADS / "multi_turn")
+    assert keytable.lookup(wl, 16) is not None and keytable.lookup(wl, 1) is None
