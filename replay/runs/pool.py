@@ -136,11 +136,7 @@ class ZygoteLauncher:
             raise ZygoteError(f"not reachable ({e})") from None
 
     def start(self, run: str, job: Path, log: Path) -> None:
-        try:
-            self.proc.stdin.write((json.dumps({"run": run, "job": str(job), "log": str(log)}) + "\n").encode())
-            self.proc.stdin.flush()
-        except OSError as e:
-            raise ZygoteError(f"not reachable ({e})") from None
+        self._send({"run": run, "job": str(job), "log": str(log)})
         self.running.add(run)
 
     def finished(self, timeout: float) -> list[tuple[str, int]]:

@@ -209,9 +209,8 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
     results |= {s.key: {"run": s.key, "status": "failed", "error": bad_codes[s.code]} for s in specs
                 if s.code in bad_codes}
     args = [(str(source), str(out), s, tuple(sets), backend, detail) for s in todo]
-    runner = _run_local if executor == "local" else _run_ray
-    if executor == "local":
-        runner = functools.partial(_run_local, warm=_warm_spec(source, todo, sets, backend, jobs))
+    runner = (functools.partial(_run_local, warm=_warm_spec(source, todo, sets, backend, jobs))
+              if executor == "local" else _run_ray)
     bar = _bar(len(specs), len(specs) - len(todo)) if progress else None
     why = stop(results) if stop is not None and results else ""
     try:

@@ -21,6 +21,7 @@ workload, in its manifest's ``workload.assumed``):
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -97,10 +98,11 @@ def preload_workload(path: str | os.PathLike, rank: int | None = None) -> Worklo
     objects built) instead of reading it again. A sweep's zygote preloads its source before it
     forks the runs (``replay.runs.worker.warm``); nothing else does, so no other caller shares
     a workload object."""
-    _PRELOADED.pop((str(Path(path).resolve()), rank), None)
+    key = (str(Path(path).resolve()), rank)
+    _PRELOADED.pop(key, None)
     wl = read_workload(path, rank)
     wl.requests  # noqa: B018 - a cached property: built once, before the forks
-    _PRELOADED[(str(Path(path).resolve()), rank)] = (_fingerprint(Path(path)), wl)
+    _PRELOADED[key] = (_fingerprint(Path(path)), wl)
     return wl
 
 
@@ -112,7 +114,7 @@ def _fingerprint(path: Path) -> tuple:
             st = p.stat()
         except OSError:
             continue
-        if p.is_file():
+        if stat.S_ISREG(st.st_mode):
             out.append((str(p.relative_to(path)), st.st_size, st.st_mtime_ns))
     return tuple(out)
 
