@@ -209,8 +209,8 @@ def run_local(args, jobs: int, warm: dict | None = None):
     (root / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
     launcher = _launcher(root, backend)
     try:
-        if warm and isinstance(launcher, ZygoteLauncher):
-            launcher.warm(warm)
+        if warm and isinstance(launcher, ZygoteLauncher):  # scratch: cleared by the next sweep
+            launcher.warm(warm | {"scratch": str(root / PARTIAL_DIR)})
         while pending or running:
             try:
                 while pending and len(running) < jobs:

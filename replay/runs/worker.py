@@ -73,12 +73,13 @@ def preload(backend: str = "sglang") -> list[str]:
 MAX_WARM_PAGES = 32_000_000
 
 
-def warm(source: str, page_sizes, workers: int = 1, max_pages: int | None = None) -> dict:
+def warm(source: str, page_sizes, workers: int = 1, max_pages: int | None = None, scratch: str | None = None
+         ) -> dict:
     """Read ``source`` once and key its requests at each of ``page_sizes``, kept in this process
     (``replay.workloads.preload_workload``, :mod:`replay.backends.reference.keytable`): a sweep's
     zygote calls it before it forks the runs of the reference backend, which then neither read
     the workload nor compute a page key again; ``workers``: processes keying the requests
-    (``keytable.build``). Page sizes whose keys would take the total past ``max_pages``
+    (``keytable.build``, through ``scratch``). Page sizes whose keys would take the total past ``max_pages``
     (:data:`MAX_WARM_PAGES`) are skipped, smallest count first kept. Returns what it kept (for
     ``zygote.json``)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -93,7 +94,7 @@ def warm(source: str, page_sizes, workers: int = 1, max_pages: int | None = None
         if pages + tokens // ps > limit:
             skipped.append(ps)
             continue
-        table = keytable.build(wl, ps, workers=workers)
+        table = keytable.build(wl, ps, workers=workers, scratch=scratch)
         keytable.install(wl, table)
         pages += table.pages
         kept.append(ps)

@@ -9,9 +9,9 @@ cold processes while none pays the import (seconds of CPU per run). Linux only
 Protocol, one JSON object a line:
 
 - parent -> zygote (stdin): ``{"run": ID, "job": JOB.json, "log": RUN.log}``; before the runs,
-  optionally ``{"warm": {"source": DIR, "page_sizes": [N, ...], "workers": W}}``: read the source
-  and key its requests once (``replay.runs.worker.warm``, keyed by W processes), so the children
-  forked after it start from them
+  optionally ``{"warm": {"source": DIR, "page_sizes": [N, ...], "workers": W, "scratch": DIR}}``:
+  read the source and key its requests once (``replay.runs.worker.warm``, keyed by W processes
+  whose shares pass through ``scratch``), so the children forked after it start from them
 - zygote -> parent (stdout): ``{"ready": {...}}`` once, then per run ``{"started": ID, "pid": N}``
   and ``{"exited": ID, "status": S}`` (``S`` as ``Popen.returncode``: negative for a signal),
   or ``{"exited": ID, "status": null, "error": ...}`` when the fork failed; per warm
@@ -129,7 +129,8 @@ def _warm(spec: dict, proto_fd: int) -> None:
     global _WARMING
     _WARMING = True
     try:
-        info = warm(spec["source"], spec.get("page_sizes") or (), workers=int(spec.get("workers") or 1))
+        info = warm(spec["source"], spec.get("page_sizes") or (), workers=int(spec.get("workers") or 1),
+                    scratch=spec.get("scratch"))
     except Exception as e:  # noqa: BLE001 - the runs go on without it
         _send(proto_fd, {"warmed": None, "error": f"{type(e).__name__}: {e}"})
         return

@@ -146,7 +146,11 @@ real_fork, real_build, me = keytable._fork_share, keytable._build, os.getpid()
 keytable._fork_share = lambda *a: forks.append(1) or real_fork(*a)
 if sys.argv[2] == "fail":
     keytable._build = lambda w, ps, share: real_build(w, ps, share) if os.getpid() == me else 1 / 0
-both = keytable.build(wl, 16, workers=2)
+made = []
+real_tmp = keytable.tempfile.TemporaryDirectory
+keytable.tempfile.TemporaryDirectory = lambda **kw: made.append(kw.get("dir")) or real_tmp(**kw)
+both = keytable.build(wl, 16, workers=2, scratch=sys.argv[3])
+assert made == [sys.argv[3]] and os.listdir(sys.argv[3]) == [], (made, os.listdir(sys.argv[3]))
 one = keytable.build(wl, 16)
 both.check_integrity()
 assert forks == [1], forks
@@ -166,26 +170,27 @@ print("same", both.pages)
 """
 
 
-def _parallel(mode: str):
+def _parallel(mode: str, scratch: Path):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-c", _PARALLEL, str(WORKLOADS / "multi_turn"), mode],
+    return subprocess.run([sys.executable, "-c", _PARALLEL, str(WORKLOADS / "multi_turn"), mode, str(scratch)],
                           capture_output=True, text=True, timeout=240, cwd=Path(__file__).resolve().parents[2])
 
 
-def test_sessions_dealt_to_forked_workers_give_the_same_table():
-    """``workers=2``: a forked process keys half the sessions; the joined table is the one-process one."""
+def test_sessions_dealt_to_forked_workers_give_the_same_table(tmp_path):
+    """``workers=2``: a forked process keys half the sessions; the joined table is the one-process
+    one; its share passes through the scratch directory given (the sweep's ``.partial``), left empty."""
     if not hasattr(os, "fork"):
         pytest.skip("keying in forked workers needs fork")
-    out = _parallel("ok")
+    out = _parallel("ok", tmp_path)
     assert out.returncode == 0 and out.stdout.startswith("same "), out.stderr[-2000:]
 
 
-def test_a_failed_worker_is_an_error_not_a_short_table():
+def test_a_failed_worker_is_an_error_not_a_short_table(tmp_path):
     if not hasattr(os, "fork"):
         pytest.skip("keying in forked workers needs fork")
-    out = _parallel("fail")
+    out = _parallel("fail", tmp_path)
     assert out.returncode != 0 and "RuntimeError: key table: worker 1 of 2 exited with status 1" in out.stderr
 
 

@@ -66,7 +66,7 @@ class KeyTable:
                 raise ValueError(f"key table: request {rid}: not a list of 63-bit keys")
 
 
-def build(workload, page_size: int, workers: int = 1) -> KeyTable:
+def build(workload, page_size: int, workers: int = 1, scratch: str | Path | None = None) -> KeyTable:
     """The keys of every request of ``workload`` at ``page_size``: each request's whole planned
     sequence, keyed in arrival order as a run keys them (the same ``PageKeys``, the same donors).
 
@@ -74,6 +74,9 @@ def build(workload, page_size: int, workers: int = 1) -> KeyTable:
     dealt to that many processes (forked, each keying its share with its own donors: a donor only
     saves work, the keys are the same); the shares come back as arrays, and each of their
     requests takes the leading keys it has in common with its donor as the donor's objects.
+    ``scratch``: where the shares pass through (a temporary directory made there; default the
+    system's), e.g. the sweep's ``.partial``, which the next sweep clears should a kill -9 leave
+    one behind.
 
     Raises:
         ValueError: two requests share a rid (a run could not tell their keys apart).
@@ -90,7 +93,7 @@ def build(workload, page_size: int, workers: int = 1) -> KeyTable:
     for w in requests:  # whole sessions to one process (a turn's donor is its previous turn)
         sid = int(w.session_id)
         shares[(sid if sid >= 0 else int(w.rid)) % workers].append(w)
-    with tempfile.TemporaryDirectory(prefix="kvtrace-keys-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="kvtrace-keys-", dir=scratch) as tmp:
         pids = [_fork_share(workload, page_size, share, Path(tmp) / f"{i}.npz") for i, share in enumerate(shares)
                 if i > 0]
         rows = _build(workload, page_size, shares[0])
