@@ -176,6 +176,9 @@ def _child(msg: dict, parent: int) -> None:
         os.close(null)
         os.environ.clear()
         os.environ.update(msg["env"])
+        import tempfile
+
+        tempfile.tempdir = None  # the call's TMPDIR, not the one the parent's imports cached
         os.chdir(msg["cwd"])
         from replay.codes.entry import _call
 

@@ -41,6 +41,7 @@ from replay.procs import die_with_parent, ignore_sigint, wait_readable
 
 _STOP = False
 _WARMING = False  # inside ``_warm``: SIGTERM ends the zygote at once (no child forked yet to stop)
+_IMPORTING = True  # until ``ready``: SIGTERM ends the zygote at once too (seconds of imports to abandon)
 
 
 #: seconds a child has to exit after SIGTERM before it is killed
@@ -147,7 +148,7 @@ def _warm(spec: dict, proto_fd: int) -> None:
 def _on_term(signum, frame) -> None:
     global _STOP
     _STOP = True
-    if _WARMING:  # seconds of keying to abandon; its worker processes die with the zygote
+    if _WARMING or _IMPORTING:  # seconds of keying or imports to abandon; keying workers die with it
         raise SystemExit(128 + signum)
 
 
@@ -177,7 +178,7 @@ def _stop_children(children: dict[int, str], proto_fd: int) -> None:
 
 def serve(backend: str) -> int:
     """The zygote's main loop (stdin: commands, fd 1: replies; see the module docstring)."""
-    global _CHILD_SIGINT
+    global _CHILD_SIGINT, _IMPORTING
     _CHILD_SIGINT = ignore_sigint()
     signal.signal(signal.SIGTERM, _on_term)
     die_with_parent(signal.SIGTERM)
@@ -194,6 +195,7 @@ def serve(backend: str) -> int:
 
     gc.collect()
     gc.freeze()  # children's collections skip the imported heap (no traversal, fewer copy-on-write pages)
+    _IMPORTING = False
     threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
     _send(proto_fd, {"ready": {"pid": os.getpid(), "import_s": round(time.perf_counter() - t0, 3),
                                "import_cpu_s": round(time.process_time() - cpu0, 3), "modules": len(sys.modules),

@@ -3,6 +3,7 @@ quietly, progress bars only on a terminal; through the installed ``kvtrace`` scr
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -68,8 +69,14 @@ def test_record_and_replay_keep_sglang_off_the_terminal(tiny_workload, tmp_path)
     """The real sglang backend logs ~20 lines and warnings at start-up: none reaches stderr; they
     are in OUT/sglang.log, named in the closing line. --verbose lets them through."""
     out = tmp_path / "t"
-    res = run("record", "--workload", tiny_workload, "--out", out)
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    res = run("record", "--workload", tiny_workload, "--out", out, env=dict(os.environ, TMPDIR=str(tmpdir)))
     assert res.returncode == 0, res.stderr
+    # nothing left in the temporary directory: the captured log moved into OUT, the Scheduler's
+    # ipc:// files (sglang's PortArgs makes them with NamedTemporaryFile(delete=False)) removed;
+    # torch's compile cache (one per user, reused) is torch's own
+    assert [p.name for p in tmpdir.iterdir() if not p.name.startswith("torchinductor_")] == []
     assert res.stderr == "", res.stderr
     log = (out / "sglang.log").read_text()
     assert "Warning" in log and "KV Cache is allocated" in log, log[:2000]

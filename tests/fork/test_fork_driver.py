@@ -32,20 +32,31 @@ CASES = {
 }
 
 _RUNS: dict = {}
+_TMPDIRS: dict = {}
 
 
 @pytest.fixture(scope="module", params=COMMITS)
-def fork_run(request, fork_codes):
+def fork_run(request, fork_codes, tmp_path_factory):
     commit = request.param
     if commit not in _RUNS:
         from replay.codes import call_in_code
 
         reqs = _shared_prefix_requests()
         cases = [dict(opts, requests=reqs) for opts in CASES.values()]
+        tmpdir = _TMPDIRS[commit] = tmp_path_factory.mktemp(f"tmpdir-{commit}")
         run = call_in_code(fork_codes[commit], "replay.backends.fork.driver:run_cases", {"cases": cases},
-                           timeout_s=540)
+                           env={"TMPDIR": str(tmpdir)}, timeout_s=540)
         _RUNS[commit] = dict(zip(CASES, run.result))
     return commit, _RUNS[commit]
+
+
+def test_the_runs_leave_nothing_in_the_temporary_directory(fork_run):
+    """Each case's model directory and the files behind its Scheduler's ipc:// names (sglang's
+    ``PortArgs`` makes them with ``NamedTemporaryFile(delete=False)``) are removed: before, every
+    run left a ``kvtrace-fork-model-*`` directory and 3-5 empty ``tmp*`` files in /tmp."""
+    commit, _ = fork_run
+    left = sorted(p.name for p in _TMPDIRS[commit].iterdir() if not p.name.startswith("torchinductor_"))
+    assert left == [], commit  # torch's compile cache (one per user, reused) is torch's own
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group("fork-driver")]  # module fixtures: one worker

@@ -106,3 +106,17 @@ def test_a_dead_zygote_fails_its_running_runs_and_the_rest_go_on_cold(small_work
     assert failed.height == 1 and "zygote exited" in failed["error"][0]
     assert table.height == 3 and table.filter(pl.col("status") == "ok").height == 2
     assert _group_gone(proc.pid)
+
+
+def test_sigterm_during_the_zygotes_imports_ends_it_at_once():
+    """A sweep stopped in its first seconds: its zygote, still importing sglang, exits on SIGTERM
+    at once (before, it finished its imports first, seconds, and the sweep waited for it)."""
+    proc = subprocess.Popen([sys.executable, "-m", "replay.runs.zygote", "sglang"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    time.sleep(1.0)  # its handler is set (before its imports start); sglang's imports take seconds
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 2.0, err.decode()[-2000:]
+    assert proc.returncode == 128 + signal.SIGTERM and out == b"", (proc.returncode, out)

@@ -113,6 +113,7 @@ def make_scheduler(server_args, *, next_token: Callable, max_total_tokens: int |
     from sglang.srt.server_args import PortArgs, set_global_server_args_for_scheduler
 
     from replay.backends.fork.dsv4_pools import build_runner, ensure_parallel
+    from replay.backends.ipc import remove_ipc_files
 
     set_global_server_args_for_scheduler(server_args)
     ensure_parallel(server_args, ModelConfig.from_server_args(server_args))
@@ -123,7 +124,10 @@ def make_scheduler(server_args, *, next_token: Callable, max_total_tokens: int |
 
     cls._kvtrace_worker_factory = staticmethod(factory)
     port_args = PortArgs.init_new(server_args)
-    return cls(server_args, port_args, 0, 0, 0, 0, 0, 0, None)
+    try:
+        return cls(server_args, port_args, 0, 0, 0, 0, 0, 0, None)
+    finally:
+        remove_ipc_files(port_args)
 
 
 __all__ = ["StandInWorker", "make_scheduler", "scheduler_class"]

@@ -465,6 +465,9 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
     finally:
         dist.init_parallel_runtime = original
         cls._kvtrace_backend = None
+        from replay.backends.ipc import remove_ipc_files
+
+        remove_ipc_files(port_args)
     sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
     sched.ipc_channels.send_to_detokenizer.send_output = _discard_output
     sched.ipc_channels.send_to_tokenizer.send_output = backend._to_tokenizer
