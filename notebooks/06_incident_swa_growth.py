@@ -83,7 +83,9 @@ holdings(INCIDENT, by="session").head(10).collect()
 # and at the prefix-hit ratio: the fix must not buy memory with hits.
 
 # %%
-work = tempfile.mkdtemp(prefix="kvtrace-nb06-")
+# the replays go to a temporary directory, removed when this kernel ends
+work_dir = tempfile.TemporaryDirectory(prefix="kvtrace-nb06-")
+work = work_dir.name
 if FIXED_RUN:
     columns = [trace_column(INCIDENT), trace_column(FIXED_RUN, label="fixed run")]
     conclusion = f"{columns[0].verdict} as recorded, {columns[1].verdict} in {FIXED_RUN}"

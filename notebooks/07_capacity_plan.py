@@ -75,7 +75,8 @@ import tempfile
 
 from replay.runs.capacity import capacity_sweep
 
-live = capacity_sweep(bundled("workloads/mixed"), tempfile.mkdtemp(prefix="kvtrace-capacity-") + "/swa",
+live_dir = tempfile.TemporaryDirectory(prefix="kvtrace-capacity-")  # removed when this kernel ends
+live = capacity_sweep(bundled("workloads/mixed"), live_dir.name + "/swa",
                       pool="swa", sizes_tokens=[16384], model="mellum-like-swa", jobs=1)
 for r in live.rows:
     print(f"{r['size_tokens']:>6,} tokens ({r['size_gb']:.3f} GB): hit {r['prefix_hit_ratio']:.4f}, "

@@ -44,7 +44,14 @@ def test_notebook_executes_with_nonempty_figures(path, monkeypatch, tmp_path):
     for var in ("KVTRACE_DATA", "KVTRACE_ROOT", "KVTRACE_AFTER", "KVTRACE_FIXED_RUN"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)  # not the checkout, not notebooks/
+    kernel_tmp = tmp_path / "kernel-tmp"
+    kernel_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(kernel_tmp))  # the kernel's temporary directory
     nb, elapsed, figures = execute(path, tmp_path)
+    # what a notebook puts in the temporary directory goes when its kernel ends (torch's compile
+    # cache, one per user and reused, is torch's own; ipykernel's own files are its own)
+    left = [p.name for p in kernel_tmp.iterdir() if p.name.startswith("kvtrace-")]
+    assert left == [], f"{path.name} left {left} in its temporary directory"
     assert figures, f"{path.name}: no Plotly figure shown"
     for i, fig in enumerate(figures):
         points = sum(len(tr.get("x") or tr.get("y") or []) if not isinstance(tr.get("x") or tr.get("y"), dict)
