@@ -162,13 +162,14 @@ class RadixCache:
         if len(req.page_hashes) < num_pages:
             raise MemoryModelError(f"request {req.rid!r}: page_hashes shorter than the insert")
         result = tree.insert(
-            req.page_hashes[:num_pages],
-            req.pages[:num_pages],
+            req.page_hashes,
+            req.pages,
             prev_prefix_tokens=req.protected_tokens,
             swa_evicted_tokens=req.swa_evicted_tokens,
             inserted_tokens=req.inserted_tokens,
             priority=req.priority,
             swa_branching_tokens=branching,
+            num_pages=num_pages,
         )
         req.inserted_tokens = max(req.inserted_tokens, num_pages * ps)
         lo = req.protected_tokens // ps

@@ -29,6 +29,7 @@ class InsertMixin:
         inserted_tokens: int = 0,
         priority: int = 0,
         swa_branching_tokens: int | None = None,
+        num_pages: int | None = None,
     ) -> InsertResult:
         """Insert a page-aligned key with the request's page ids.
 
@@ -40,19 +41,25 @@ class InsertMixin:
             inserted_tokens: tokens this request inserted before (no second hit count).
             priority: request priority (raises node priorities along the path).
             swa_branching_tokens: pending SWA branching point of the request, if any.
+            num_pages: insert only the first ``num_pages`` of ``key`` and ``pages`` (both at
+                least that long; None: all of them, both the same length), without copying them.
         Returns:
             InsertResult with the tree prefix before the insert and the last node.
         Mutates: tree structure and ledgers; frees duplicate pages into the pools.
         """
-        if len(key) != len(pages):
-            raise ValueError("insert: key and pages differ in length")
+        if num_pages is None:
+            if len(key) != len(pages):
+                raise ValueError("insert: key and pages differ in length")
+            num_pages = len(key)
+        elif not 0 <= num_pages <= min(len(key), len(pages)):
+            raise ValueError(f"insert: num_pages {num_pages} outside the key ({len(key)}) or pages ({len(pages)})")
         try:
-            return self._insert(key, pages, prev_prefix_tokens, swa_evicted_tokens,
+            return self._insert(key, pages, num_pages, prev_prefix_tokens, swa_evicted_tokens,
                                 inserted_tokens, priority, swa_branching_tokens)
         finally:
             self._flush()
 
-    def _insert(self, key, pages, prev_prefix_tokens, swa_evicted_tokens, inserted_tokens,
+    def _insert(self, key, pages, n, prev_prefix_tokens, swa_evicted_tokens, inserted_tokens,
                 priority, swa_branching_tokens) -> InsertResult:
         ps = self.ps
         if swa_evicted_tokens % ps:
@@ -62,7 +69,7 @@ class InsertMixin:
         root.priority = max(root.priority, priority)
         prev_pages = prev_prefix_tokens // ps
         ws_pages = swa_evicted_tokens // ps
-        node, pos, n, dups = root, 0, len(key), 0
+        node, pos, dups = root, 0, 0
         while pos < n:
             child = node.children.get(key[pos])
             if child is None:
@@ -70,7 +77,7 @@ class InsertMixin:
             child.last_access = self.tick()
             ck = child.key
             m = len(ck)
-            if ck != key[pos : pos + m]:
+            if pos + m > n or ck != key[pos : pos + m]:  # (the key may run past ``n``)
                 m = 0
                 limit = min(len(ck), n - pos)
                 while m < limit and ck[m] == key[pos + m]:
@@ -90,7 +97,7 @@ class InsertMixin:
         prefix_tokens = pos * ps
         new_leaf = pos < n
         if new_leaf:
-            node = self._add_leaf(node, key[pos:], pages[pos:], priority)
+            node = self._add_leaf(node, key[pos:n], pages[pos:n], priority)
             if self.swa_tree:
                 self._populate_swa(node, pos, ws_pages, cap_leaf=True)
         if node is not root:

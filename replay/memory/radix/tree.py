@@ -223,7 +223,7 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
             self.pools.free_swa_chunks(chunks)
         if self._full_chunks:
             chunks, self._full_chunks = self._full_chunks, []
-            self.pools.free_full_chunks(chunks)
+            self.pools.free_full_chunks(chunks, checked=False)  # see ``free_full_chunks``
         self._pending_swa_pages = self._pending_full_pages = 0
 
     def full_available_tokens(self) -> int:
