@@ -240,3 +240,39 @@ def test_full_eviction_cascade_counts_toward_the_swa_request():
     assert (res.full_tokens, res.swa_tokens, res.num_deleted_nodes) == (4, 4, 1)
     assert tree.num_nodes == 1
     tree.check_integrity()
+
+
+def _nodes(tree) -> list:
+    """Every node's key, pages (full, SWA), recency stamp and priority, children by key."""
+    out, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        out.append((tuple(node.key), node.full and tuple(node.full), node.swa and tuple(node.swa),
+                    node.last_access, node.priority))
+        stack.extend(node.children[k] for k in sorted(node.children))
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_insert_of_a_prefix_by_num_pages_is_the_insert_of_the_copied_prefix(window):
+    """``insert(key, pages, num_pages=n)`` (what a checkpoint passes: the request's whole lists)
+    leaves the tree as ``insert(key[:n], pages[:n])`` does, also where a node's key runs past
+    ``n`` (it is split at ``n``, not matched whole), and refuses an ``n`` outside either list."""
+    states = []
+    for by_count in (False, True):
+        tree, pools = make_tree(window=window)
+        first = seq(1, 3)
+        tree.insert(first, alloc(pools, 3))
+        key, pages = seq(1, 4), alloc(pools, 4)  # runs past the existing node: 4 pages > 3
+        res = (tree.insert(key, pages, prev_prefix_tokens=0, num_pages=2) if by_count
+               else tree.insert(key[:2], pages[:2], prev_prefix_tokens=0))
+        tree.check_integrity()
+        states.append((res.prefix_tokens, tree.node_tokens(res.last_node), tree.num_nodes,
+                       pools.full.available_pages(), _nodes(tree)))
+    assert states[0] == states[1]
+    # the 3-page node split after 2 pages (with a window, the new leaf is capped at a window too)
+    assert states[1][:3] == ((4, 4, 2) if not window else (4, 2, 3))
+    tree, pools = make_tree(window=window)
+    for n in (-1, 4):
+        with pytest.raises(ValueError, match="outside the key"):
+            tree.insert(seq(1, 3), alloc(pools, 3), num_pages=n)
