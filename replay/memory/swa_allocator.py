@@ -53,7 +53,7 @@ class PlainKVPools:
         """See ``DeviceAllocator.alloc_decode_pages``."""
         return self.full.alloc_decode_pages(seq_lens)
 
-    def free_full_chunks(self, chunks: Sequence[Sequence[int]], checked: bool = True) -> None:
+    def free_full_chunks(self, chunks: Sequence[Sequence[int]]) -> None:
         """Free full page lists (in order) with one release. Mutates: the full free list."""
         self.full.free_page_chunks(chunks)
 
@@ -238,25 +238,19 @@ class SWAKVPools(PlainKVPools):
         self.swa.free_page_chunks(out)
         return freed
 
-    def free_full_chunks(self, chunks: Sequence[Sequence[int]], checked: bool = True) -> None:
+    def free_full_chunks(self, chunks: Sequence[Sequence[int]]) -> None:
         """Free full pages whose SWA peers are already gone.
 
-        Args:
-            checked: check each page's peer first. The radix tree's flush passes False: a
-                per-page loop on its hottest path (~4 % of a replay), for an order the tree
-                fixes (a node's SWA side goes before its full side) and that
-                :meth:`check_integrity` checks (no free full page keeps a peer).
         Raises:
             MemoryModelError: when a page still has an SWA peer (it would be stranded).
         Mutates: the full free list.
         """
-        if checked:
-            mapping = self.mapping
-            for chunk in chunks:
-                for f in chunk:
-                    if mapping[f]:
-                        raise MemoryModelError("full free of a page that still has an SWA peer "
-                                               "(free SWA first)")
+        mapping = self.mapping
+        for chunk in chunks:
+            for f in chunk:
+                if mapping[f]:
+                    raise MemoryModelError("full free of a page that still has an SWA peer "
+                                           "(free SWA first)")
         self.full.free_page_chunks(chunks)
 
     def free_group_begin(self) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -148,16 +147,12 @@ class ForkBackend:
 
     # ------------------------------------------------------------------ build
     def build(self):
-        from replay.backends.fork.dsv4_pools import make_server_args, write_model_dir
-        from replay.backends.fork.scheduler import make_scheduler
+        from replay.backends.fork.scheduler import build_scheduler
 
         s = self.settings
-        # the model directory is read while the Scheduler is built, not after (removed then)
-        with tempfile.TemporaryDirectory(prefix="kvtrace-fork-model-") as tmp:
-            mdir = write_model_dir(tmp, self.kind, sliding_window_tokens=int(s["sliding_window_tokens"]) or 128)
-            args = make_server_args(mdir, **server_kwargs(s, self.kind, context_length=self.context_length))
-            self.server_args = args
-            sched = make_scheduler(args, next_token=self._next_token, max_total_tokens=int(s["full_pool_tokens"]))
+        self.server_args, sched = build_scheduler(
+            self.kind, sliding_window_tokens=int(s["sliding_window_tokens"]) or 128, next_token=self._next_token,
+            **server_kwargs(s, self.kind, context_length=self.context_length))
         sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
         self.sink = _Sink()
         for name in ("send_to_tokenizer", "send_to_detokenizer"):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import time
 from collections import Counter
 
@@ -106,21 +105,17 @@ def run_requests(requests: list[dict], *, kind: str = "dsv4", max_total_tokens: 
     """
     import torch
 
-    from replay.backends.fork.dsv4_pools import make_server_args, write_model_dir
-    from replay.backends.fork.scheduler import make_scheduler
+    from replay.backends.fork.scheduler import build_scheduler
 
     for k, v in (env or {}).items():
         os.environ[k] = str(v)
     t0 = time.perf_counter()
-    # the model directory is read while the Scheduler is built, not after (removed then)
-    with tempfile.TemporaryDirectory(prefix="kvtrace-fork-model-") as tmp:
-        mdir = write_model_dir(tmp, kind, sliding_window_tokens=sliding_window_tokens)
-        args = make_server_args(mdir, page_size=page_size, max_total_tokens=max_total_tokens,
-                                swa_full_tokens_ratio=swa_full_tokens_ratio,
-                                max_running_requests=max_running_requests,
-                                chunked_prefill_size=chunked_prefill_size, max_prefill_tokens=max_prefill_tokens,
-                                context_length=context_length, hicache_host_tokens=hicache_host_tokens)
-        sched = make_scheduler(args, next_token=_next_token, max_total_tokens=max_total_tokens)
+    _, sched = build_scheduler(kind, sliding_window_tokens=sliding_window_tokens, next_token=_next_token,
+                               max_total_tokens=max_total_tokens, page_size=page_size,
+                               swa_full_tokens_ratio=swa_full_tokens_ratio,
+                               max_running_requests=max_running_requests,
+                               chunked_prefill_size=chunked_prefill_size, max_prefill_tokens=max_prefill_tokens,
+                               context_length=context_length, hicache_host_tokens=hicache_host_tokens)
     sink = _Sink()
     for name in ("send_to_tokenizer", "send_to_detokenizer"):
         getattr(sched.ipc_channels, name).socket = sink

@@ -130,4 +130,24 @@ def make_scheduler(server_args, *, next_token: Callable, max_total_tokens: int |
         remove_ipc_files(port_args)
 
 
-__all__ = ["StandInWorker", "make_scheduler", "scheduler_class"]
+def build_scheduler(kind: str, *, sliding_window_tokens: int, next_token: Callable, max_total_tokens: int,
+                    **server_kwargs):
+    """A model directory of ``kind`` written to a temporary directory, the server args for it
+    (:func:`replay.backends.fork.dsv4_pools.make_server_args` with ``server_kwargs``) and
+    :func:`make_scheduler` on them. The directory is read only while the Scheduler is built and
+    is removed then (each run left a ``kvtrace-fork-model-*`` directory in /tmp before).
+
+    Returns:
+        ``(server_args, scheduler)``.
+    """
+    import tempfile
+
+    from replay.backends.fork.dsv4_pools import make_server_args, write_model_dir
+
+    with tempfile.TemporaryDirectory(prefix="kvtrace-fork-model-") as tmp:
+        args = make_server_args(write_model_dir(tmp, kind, sliding_window_tokens=sliding_window_tokens),
+                                max_total_tokens=max_total_tokens, **server_kwargs)
+        return args, make_scheduler(args, next_token=next_token, max_total_tokens=max_total_tokens)
+
+
+__all__ = ["StandInWorker", "build_scheduler", "make_scheduler", "scheduler_class"]

@@ -36,6 +36,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from replay.backends.ipc import remove_ipc_files
 from replay.backends.sglang.loop import SCHEDULER_BACKENDS, SglangBackend
 from replay.backends.sglang.tokens import EOS_TOKEN_ID
 
@@ -465,8 +466,6 @@ def _scheduler(backend: RealSchedulerBackend, settings, model_dir: Path, row_tok
     finally:
         dist.init_parallel_runtime = original
         cls._kvtrace_backend = None
-        from replay.backends.ipc import remove_ipc_files
-
         remove_ipc_files(port_args)
     sched.model_config.vocab_size = 1 << 31  # synthesized ids; nothing is sampled from a model
     sched.ipc_channels.send_to_detokenizer.send_output = _discard_output
