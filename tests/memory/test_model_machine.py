@@ -223,10 +223,13 @@ def _settings(n, steps):
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
-# Budgets: 800 / 350 / 175 programs (1,200 / 500 / 250 before session 21: ~300 s of a 2-core CI
-# run, the suite's largest single item; hypothesis draws new programs on every CI run)
+# Budgets: 500 / 220 / 110 programs (1,200 / 500 / 250 before session 21; 800 / 350 / 175 before
+# session 22: still 243 s of the 2-core machine's local CI run, the largest item but the live
+# servers). CI's Hypothesis profile is derandomized (tests/conftest.py): every CI run draws the
+# same programs, so a larger budget buys the same few hundred more each time; a developer's run
+# (the "dev" profile) draws new ones.
 TestModelMachine = ModelMachine.TestCase
-TestModelMachine.settings = _settings(800, 40)
+TestModelMachine.settings = _settings(500, 40)
 
 
 class SWAHiCacheMachine(ModelMachine):
@@ -241,8 +244,8 @@ class SWAHiCacheMachine(ModelMachine):
 
 @pytest.mark.slow
 class TestSWAHiCacheMachineLong(SWAHiCacheMachine.TestCase):
-    settings = _settings(175, 80)
+    settings = _settings(110, 80)
 
 
 TestSWAHiCacheMachine = SWAHiCacheMachine.TestCase
-TestSWAHiCacheMachine.settings = _settings(350, 40)
+TestSWAHiCacheMachine.settings = _settings(220, 40)

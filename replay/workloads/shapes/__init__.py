@@ -109,7 +109,7 @@ def make_config(shape: Shape, overrides: dict[str, str] | None = None):
     return shape.config_cls(**kwargs)
 
 
-ESTIMATE_MAX_REQUESTS = 200_000  # the defaults plan <= 50k requests in 2000 units
+ESTIMATE_MAX_REQUESTS = 50_000  # the defaults plan <= 47k requests in 2000 units (agentic: 46,282)
 ESTIMATE_MIN_UNITS = 20
 
 
