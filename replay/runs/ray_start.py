@@ -13,11 +13,12 @@ the driver reported only "The current node timed out during startup".
 A local start puts ``replay/runs/ray_boot`` first on its processes' ``PYTHONPATH`` (its
 ``sitecustomize`` marks ``rfc3987_syntax`` absent: ``import ray`` then costs 1.0 s of CPU instead
 of 4.7 s), for the processes ``ray.init`` starts and for the workers (``runtime_env``); kvtrace's
-own process is left as it is. Still, a start can fail, so a local start is tried up to ``KVTRACE_RAY_START_ATTEMPTS`` times (default 3), each failed
-attempt's processes ended (by pid: those whose command line names a session directory of this
-process, ``session_..._<pid>``; a crashed raylet leaves its agents behind), with a pause between
-attempts; after the last one a :class:`RunError` says what to do and quotes the raylet's own
-reason from its log, which Ray's message leaves out.
+own process is left as it is. A start can still fail, so a local start is tried up to
+``KVTRACE_RAY_START_ATTEMPTS`` times (default 3), each failed attempt's processes ended (by pid:
+those whose command line names a session directory of this process, ``session_..._<pid>``; a
+crashed raylet leaves its agents behind), with a pause between attempts; after the last one a
+:class:`RunError` says what to do and quotes the raylet's own reason from its log, which Ray's
+message leaves out.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def raylet_cause(temp_dir: str | None = None, pid: int | None = None) -> str:
         except OSError:
             continue
         if fatal:
-            line = fatal[0].strip()
+            line = re.sub(r"^\[[^\]]*\]\s*", "", fatal[0].strip())  # its [time level pid tid]
             line = line.split("Check failed:", 1)[-1].strip()
             return re.sub(r"^\S+\.has_value\(\)\s*", "", line)[:400]
     return ""
