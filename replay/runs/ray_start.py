@@ -97,7 +97,7 @@ def _failure(e: Exception, attempts: int) -> str:
     cause = raylet_cause()
     return (f"a local Ray did not start ({attempts} attempts; {load}): {type(e).__name__}: {e} "
             + (f"The raylet's log says: {cause} " if cause else "")
-            + (f"(Ray's raylet gives its dashboard agent a fixed 15 s to start: ray-project/ray#65983) "
+            + ("(Ray's raylet gives its dashboard agent a fixed 15 s to start: ray-project/ray#65983) "
                if "Timed out waiting for file" in cause else "")
             + f"Ray's processes start too slowly on a loaded machine. Retry when it is less busy "
             f"(or set {ATTEMPTS_ENV}), start a cluster yourself (`ray start --head`) and set RAY_ADDRESS, "
