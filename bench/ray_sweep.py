@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,13 +44,34 @@ print("WALL", time.perf_counter() - t)
 """
 
 
+_TERMINATED: list = []
+
+
 def one(without: bool) -> float:
-    p = subprocess.run([sys.executable, "-c", _ONE.format(root=str(ROOT), without=without)],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    """One sweep in its own process. Ctrl-C reaches it with this one (same process group) and
+    SIGTERM is passed on, so the sweep ends its Ray itself; it is killed only after 60 s."""
+    p = subprocess.Popen([sys.executable, "-c", _ONE.format(root=str(ROOT), without=without)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    def on_term(*_):
+        _TERMINATED.append(True)
+        p.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        out, err = p.communicate(timeout=900)
+    except BaseException:
+        try:
+            p.wait(60)
+        except BaseException:
+            p.kill()
+        raise
+    if _TERMINATED:
+        raise SystemExit("ray_sweep: terminated (SIGTERM passed to the running sweep, which ended its Ray); "
+                         "nothing printed")
     if p.returncode != 0:
         raise SystemExit(f"ray_sweep: a sweep failed ({'without' if without else 'with'} the boot directory):\n"
-                         + p.stderr[-3000:])
-    return float(next(line.split()[1] for line in p.stdout.splitlines() if line.startswith("WALL")))
+                         + err[-3000:])
+    return float(next(line.split()[1] for line in out.splitlines() if line.startswith("WALL")))
 
 
 def main(argv=None) -> int:
@@ -61,9 +83,13 @@ def main(argv=None) -> int:
         ap.error("--rounds must be >= 1")
     load = os.getloadavg()[0]
     with_s, without_s = [], []
-    for _ in range(a.rounds):
-        with_s.append(one(False))
-        without_s.append(one(True))
+    try:
+        for _ in range(a.rounds):
+            with_s.append(one(False))
+            without_s.append(one(True))
+    except KeyboardInterrupt:
+        print(f"ray_sweep: interrupted after {len(with_s) + len(without_s)} sweeps; nothing printed", file=sys.stderr)
+        return 130
     res = {"rounds": a.rounds, "with_wall_s": [round(x, 2) for x in with_s],
            "without_wall_s": [round(x, 2) for x in without_s],
            "median_with_s": round(statistics.median(with_s), 2), "median_without_s": round(statistics.median(without_s), 2),

@@ -60,6 +60,9 @@ def start_ray(ray, jobs: int) -> bool:
             if attempt == attempts:
                 raise RunError(_failure(e, attempts)) from None
             time.sleep(PAUSE_S * attempt)
+        except BaseException:  # Ctrl-C mid-start: the raylet's agents would outlive it otherwise
+            _stop_failed_start(ray)
+            raise
     return False  # (not reached)
 
 
@@ -104,6 +107,11 @@ def _failure(e: Exception, attempts: int) -> str:
             f"or use --executor local.")
 
 
+def _session_of(pid: int) -> re.Pattern:
+    """A Ray session directory's name started by process ``pid``: ``session_<date>_<time>_<pid>``."""
+    return re.compile(rf"session_[0-9_-]+_{pid}(?![0-9])")
+
+
 def ray_temp_dir() -> str:
     """Where a local Ray keeps its sessions: ``$RAY_TMPDIR/ray``, on Linux ``$TMPDIR/ray``, else
     ``/tmp/ray`` (Ray 2.60's own rule)."""
@@ -115,9 +123,9 @@ def raylet_cause(temp_dir: str | None = None, pid: int | None = None) -> str:
     """The fatal line of the raylet of this process's newest session (``session_..._<pid>`` under
     :func:`ray_temp_dir`), without its timestamp; "" where there is none to read."""
     root = temp_dir or ray_temp_dir()
-    mine = re.compile(rf"session_[0-9_-]+_{pid or os.getpid()}$")
+    mine = _session_of(pid or os.getpid())
     try:
-        sessions = sorted((e for e in os.scandir(root) if e.is_dir() and mine.search(e.name)),
+        sessions = sorted((e for e in os.scandir(root) if e.is_dir() and mine.fullmatch(e.name)),
                           key=lambda e: e.stat().st_mtime)
     except OSError:
         return ""
@@ -141,7 +149,7 @@ def _stop_failed_start(ray) -> None:
         ray.shutdown()
     except Exception:
         pass
-    mine = re.compile(rf"session_[0-9_-]+_{os.getpid()}(?![0-9])")
+    mine = _session_of(os.getpid())
     pids = [pid for pid, cmd in _processes() if pid != os.getpid() and mine.search(cmd)]
     _end(pids)
 

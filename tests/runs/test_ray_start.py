@@ -143,3 +143,15 @@ def test_the_error_quotes_the_raylets_own_reason(no_wait, monkeypatch, tmp_path)
     assert "The raylet's log says: Timed out waiting for file /tmp/ray/session_x/metrics_agent_port_927b" in msg
     assert "ray-project/ray#65983" in msg and "other" not in msg
     assert ray_start.raylet_cause(str(tmp_path / "absent")) == ""
+
+
+def test_ctrl_c_mid_start_ends_what_the_start_left_and_goes_on(no_wait):
+    class Interrupted(FakeRay):
+        def init(self, **kw):
+            self.inits.append(kw)
+            raise KeyboardInterrupt
+
+    ray = Interrupted(failures=0)
+    with pytest.raises(KeyboardInterrupt):
+        ray_start.start_ray(ray, 2)
+    assert len(ray.inits) == 1 and ray.shutdowns == 1 and no_wait == [[101]]  # no retry; agents ended
