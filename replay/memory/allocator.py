@@ -23,6 +23,7 @@ have copied (the free list's length after each release, the merged length of eac
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 from replay.memory.results import IntegrityError, MemoryModelError
 from tracer.schema import Pool, PoolOp
@@ -361,9 +362,9 @@ class DeviceAllocator:
         if len(chunks) == 1:
             flat = list(chunks[0])
         elif self._group_pages is not None or self.device_free != "prepend":
-            flat = [p for c in chunks for p in c]
+            flat = list(chain.from_iterable(chunks))
         else:
-            flat = [p for c in reversed(chunks) for p in c]
+            flat = list(chain.from_iterable(reversed(chunks)))
         if self._group_pages is not None:
             self._group_pages.append(flat)
         else:

@@ -29,10 +29,11 @@ LRU order): those effects are applied once when the stretch ends, with the tree 
 by the ticks the skipped matches would have taken, which leaves every stamp and every LRU order
 exactly as a step-by-step run leaves them (only stale lazy-heap entries differ, which no pop
 sees). The waiting-queue prefix refresh (every 32nd admission) runs inside the stretch when
-each of its walks is memoized (``RadixTree.memo_touches``: no walk splits, so the head's match and
-lock stand): the head's matches before it are applied, then its touches, as a step-by-step run
-orders them. A stretch stops before a refresh that may split (or that an arrival due at its step
-would join), before an integrity check is due, and before any step it cannot prove quiet.
+none of its walks splits a node (``RadixTree.memo_touches``: memoized walks, others walked again
+as pure reads; no split, so the head's match and lock stand): the head's matches before it are
+applied, then its touches, as a step-by-step run orders them. A stretch stops before a refresh
+that would split (or that an arrival due at its step would join), before an integrity check is
+due, and before any step it cannot prove quiet.
 
 Exactness is tested row by row against the step-by-step run (``decode_coalescing=off``) on the
 differential cases, every bundled workload and Hypothesis workloads
@@ -226,7 +227,7 @@ class CoalesceMixin:
             if head is not None:
                 if refresh % _REFRESH_INTERVAL == 0:
                     # the waiting-queue prefix refresh at this admission: run inside the stretch when
-                    # every walk is memoized (no split: the head's match and lock stand)
+                    # no walk splits (the head's match and lock stand)
                     touches = self._refresh_touches(due)
                     if touches is None:
                         break
@@ -341,13 +342,12 @@ class CoalesceMixin:
     def _refresh_touches(self, due: int) -> list | None:
         """The waiting-queue prefix refresh of this step (``_touch_waiting_prefixes``) as touches
         to apply inside the stretch, or None when it cannot run there: an arrival due now would
-        join the first ``_WAITING_QUEUE_PREFIX_MATCH_MAX`` it walks, or a walk is not memoized
-        (it may split, which changes the head's match)."""
+        join the first ``_WAITING_QUEUE_PREFIX_MATCH_MAX`` it walks, or a walk would split a node
+        (which changes the head's match)."""
         if due > self._next_arrival and len(self.waiting) < _REFRESH_MAX:
             return None
         model = self.model
-        # lazily, newest first (the walk order): a request that arrived since the last refresh has
-        # no memoized walk, and the check stops there
+        # lazily, newest first (the walk order): the check stops at the first walk that would split
         return model.tree.memo_touches(model.refresh_key(k) for k in self._refresh_sequences())
 
     def _apply_head_matches(self, head: HeadRefusal, n: int) -> None:

@@ -85,11 +85,10 @@ class InsertMixin:
             if m < len(ck):
                 child = self._split(child, m)
             child.priority = max(child.priority, priority)
-            seg = pages[pos : pos + m]
             if child.full is None:
-                self._unevict(child, seg, pos, ws_pages)
-            else:
-                dups += self._overlap(child, seg, pos, prev_pages, ws_pages)
+                self._unevict(child, pages[pos : pos + m], pos, ws_pages)
+            elif pos + m > prev_pages:  # a node the request already owned whole overlaps nothing
+                dups += self._overlap(child, pages[pos : pos + m], pos, prev_pages, ws_pages)
             if (pos + m) * ps > inserted_tokens and self._inc_hit_and_check(child):
                 self.backup(child)
             self._touch_leaf(child)

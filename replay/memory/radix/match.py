@@ -153,19 +153,25 @@ class MatchMixin:
         self._apply_touches(bests)
 
     def memo_touches(self, keys) -> list | None:
-        """What ``touch_many(keys)`` would apply when every walk is memoized (so none splits and
-        the tree's shape and ``version`` stay): the walks' best nodes, for :meth:`apply_touches`
-        (now or after other touches). None, with no effect, when some walk is not memoized
+        """What ``touch_many(keys)`` would apply when no walk splits a node (so the tree's shape
+        and ``version`` stay): the walks' best nodes, for :meth:`apply_touches` (now or after other
+        touches). A walk not memoized is walked again as a pure read (``_match_walk(split=False)``,
+        then memoized). None, with no effect on the tree, when some walk would split a node
         (``keys``, any iterable, is read no further)."""
         if not self.walk_memo:
             return None
         hits = self.walk_memo_hits
         bests = []
         for key in keys:
-            walk = self._memo(key, len(key)) if type(key) is GrowingKeys else None
-            if walk is None:
+            if type(key) is not GrowingKeys:
                 self.walk_memo_hits = hits
                 return None
+            walk = self._memo(key, len(key))
+            if walk is None:  # walked again, as a pure read (then memoized), unless it must split
+                walk = self._match_walk(key, split=False)
+                if walk is None:
+                    self.walk_memo_hits = hits
+                    return None
             bests.append(walk[1])
         return bests
 
@@ -206,9 +212,10 @@ class MatchMixin:
         for node in leaves:
             self._touch_leaf(node)
 
-    def _match_walk(self, key: list[int], limit: int | None = None) -> tuple:
+    def _match_walk(self, key: list[int], limit: int | None = None, split: bool = True) -> tuple | None:
         """The walk of ``match``: (FULL values, best node, best device node, device chunks,
-        FULL-hit pages). Mutates: splits."""
+        FULL-hit pages). Mutates: splits (``split=False``: none; None where the walk would split
+        a node, a pure read otherwise)."""
         n = len(key)
         if limit is not None and limit < n:
             n = max(0, limit)
@@ -259,6 +266,8 @@ class MatchMixin:
             full_hit_pages += m
             partial = m < len(ck)
             if partial:
+                if not split:
+                    return None
                 pending = self._touch_pending
                 if pending:  # the touches before this walk take effect before the split
                     self._apply_touches(pending)
