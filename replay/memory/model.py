@@ -109,6 +109,16 @@ class KVCacheModel:
             return self.cache.match(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
         return self.cache.match(self._key(page_hashes, max_tokens))
 
+    def peek(self, page_hashes: Sequence[int], max_tokens: int | None = None) -> MatchResult | None:
+        """``match``'s result without its effects, or None where it would change the tree (a split)
+        and for a cache other than the plain radix cache (no tree, or EIC's own match)."""
+        if type(self.cache) is not RadixCache:
+            return None
+        tree = self.tree
+        if max_tokens is not None and self.cache.match_limit:
+            return tree.peek(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
+        return tree.peek(self._key(page_hashes, max_tokens))
+
     @_op
     def touch(self, page_hashes: Sequence[int]) -> None:
         """``match`` for its effects only (recency, splits, SWA LRU), no result: what the

@@ -79,6 +79,9 @@ class CoalesceMixin:
     stretch_refreshes: int = 0
     #: budget checks of a refused head a stretch skipped, proven refused (``_refused_for``; a diagnostic)
     stretch_checks_skipped: int = 0
+    #: refused heads whose match a stretch found unchanged after the tree changed (``_same_head_match``;
+    #: a diagnostic)
+    stretch_rematches: int = 0
 
     @property
     def _eic(self) -> bool:
@@ -101,11 +104,30 @@ class CoalesceMixin:
         # (a model without SWA keeps ``batch_is_full`` after the refusal: its next attempt is
         # "none", which the normal step reaches first)
         if (memo is None or tree is None or not s.has_swa or self.waiting[0] is not memo.req
-                or tree.version != memo.version or s.eviction_policy != "lru"):
+                or s.eviction_policy != "lru"):
+            return None
+        if tree.version != memo.version and not self._same_head_match(memo):
             return None
         if self._eic and self.model.cache.missing_swa_tokens(memo.match) != memo.match.swa_host_hit_tokens:
             return None  # a release freed SWA peers of the head's window since its match (EIC)
         return "head"
+
+    def _same_head_match(self, memo: HeadRefusal) -> bool:
+        """Whether the head's match is what it was at its refusal although the tree changed since
+        (a finish's insert elsewhere): its walk again as a pure read (``RadixTree.peek``: no split)
+        finds the same hits and anchor, so the refusal's figures stand (the memo's match keeps
+        them; its version becomes the tree's)."""
+        model = self.model
+        m = model.peek(memo.keys, max_tokens=memo.max_tokens)
+        old = memo.match
+        if (m is None or m.device_hit_tokens != old.device_hit_tokens or m.host_hit_tokens != old.host_hit_tokens
+                or m.swa_host_hit_tokens != old.swa_host_hit_tokens or m.last_device_node is not old.last_device_node
+                or m.best_match_node is not old.best_match_node or m.full_kv_hit_tokens != old.full_kv_hit_tokens
+                or m.swa_branching_tokens != old.swa_branching_tokens):
+            return False
+        memo.version = model.tree.version
+        self.stretch_rematches += 1
+        return True
 
     def _stretch_limit(self, arrivals_quiet: bool) -> int:
         """Most quiet steps from now by arrivals and finishes alone (0: none); with
@@ -131,13 +153,19 @@ class CoalesceMixin:
 
     def _coalesce_ready(self) -> bool:
         s = self.settings
-        if (self.last_mode != "decode" or self.chunked_req is not None or not self.running
-                or s.kv_stack == "dsv4"):
+        if self.last_mode != "decode" or self.chunked_req is not None or s.kv_stack == "dsv4":
             return False
         active = self._active
         for r in self.running:
             if not r.in_model or r.rid not in active:
-                return False
+                # the next step's batch selection first drops the requests that finished (or left
+                # the model) since (``_next_batch``): done here as it does it, so that the steps
+                # after a finish may run in a stretch
+                self.running = [r for r in self.running if r.rid in active and r.in_model]
+                self.batch_is_full = False
+                break
+        if not self.running:
+            return False
         tree = self.model.tree
         return not getattr(tree, "_wt_acks", None)
 
@@ -146,15 +174,15 @@ class CoalesceMixin:
         """Run the quiet steps that follow (possibly none); returns how many ran."""
         if not self._coalesce_ready():
             return 0
-        case = self._admission_case()
-        if case is None:
-            return 0
         # with requests waiting, the head's fate (or a full batch) decides the admission: an
         # arrival joins the tail and changes nothing but the queue (the refresh, which reads the
         # queue's first 128, ends the stretch), so it is admitted inside the stretch
         arrivals_quiet = bool(self.waiting)
         limit = self._stretch_limit(arrivals_quiet)
         if limit <= 0:
+            return 0
+        case = self._admission_case()  # (after the limit: it may walk the head's key again)
+        if case is None:
             return 0
         pending = self._pending
         n_pending = len(pending)

@@ -306,13 +306,28 @@ class MatchMixin:
             key.walks[n] = [self, version, result, path, end, off]
         return result
 
+    def peek(self, key: list[int], limit: int | None = None) -> MatchResult | None:
+        """``match``'s result without its effects (no split, no SWA LRU refresh, no stamp) and
+        without its ``prefix_pages`` (None: not built); None where the walk would split a node
+        (``match`` would change the tree)."""
+        walk = self._match_walk(key, limit, split=False)
+        return None if walk is None else self._match_result(*walk, pages=False)
+
     def _finish_match(self, values, best, best_dev, best_dev_chunks, full_hit_pages) -> MatchResult:
-        ps, root = self.ps, self.root
         self.refresh_swa_lru(best)
         self._stamp_path(best)
-        prefix: list[int] = []
-        for chunk in values[:best_dev_chunks]:
-            prefix.extend(chunk)
+        return self._match_result(values, best, best_dev, best_dev_chunks, full_hit_pages)
+
+    def _match_result(self, values, best, best_dev, best_dev_chunks, full_hit_pages, pages: bool = True) -> MatchResult:
+        ps, root = self.ps, self.root
+        prefix: list[int] | None = None
+        if pages:
+            prefix = []
+            for chunk in values[:best_dev_chunks]:
+                prefix.extend(chunk)
+            device_pages = len(prefix)
+        else:
+            device_pages = sum(map(len, values[:best_dev_chunks]))
         host_hit = 0
         cur = best
         while cur is not best_dev and cur is not root:
@@ -331,7 +346,7 @@ class MatchMixin:
                 else:
                     break
                 cur = cur.parent
-        device_hit = len(prefix) * ps
+        device_hit = device_pages * ps
         branching = None
         if self.swa_tree and full_hit_pages * ps > device_hit + host_hit * ps:
             branching = full_hit_pages * ps
