@@ -134,14 +134,17 @@ class KVCacheModel:
         return self._key(page_hashes, None)
 
     @_op
-    def touch_many(self, page_hashes_list: Sequence[Sequence[int]]) -> None:
-        """``touch`` of each sequence in turn (the waiting-queue refresh), in one call."""
+    def touch_many(self, page_hashes_list: Sequence[Sequence[int]]) -> list | None:
+        """``touch`` of each sequence in turn (the waiting-queue refresh), in one call; the walks'
+        best nodes where the plain radix cache walked them (for ``RadixTree.apply_touches``), else
+        None."""
         many = getattr(self.cache, "touch_many", None)
         if many is None:
             for page_hashes in page_hashes_list:
                 self.touch(page_hashes)
-        else:
-            many([self._key(p, None) for p in page_hashes_list])
+            return None
+        bests = many([self._key(p, None) for p in page_hashes_list])
+        return bests if type(self.cache) is RadixCache else None
 
     @_op
     def admit(

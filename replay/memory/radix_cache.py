@@ -71,9 +71,9 @@ class RadixCache:
         """``match`` for its effects only (see ``RadixTree.touch``)."""
         self.tree.touch(key)
 
-    def touch_many(self, keys: list) -> None:
-        """``touch`` of each key in turn (see ``RadixTree.touch_many``)."""
-        self.tree.touch_many(keys)
+    def touch_many(self, keys: list) -> list:
+        """``touch`` of each key in turn (see ``RadixTree.touch_many``); the walks' best nodes."""
+        return self.tree.touch_many(keys)
 
     def is_fresh(self, m: MatchResult) -> bool:
         """Whether a match's device anchor is still attached and on device (at once when the

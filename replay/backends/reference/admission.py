@@ -9,6 +9,8 @@ A mixin of :class:`replay.backends.reference.scheduler.ReferenceBackend` (its st
 
 from __future__ import annotations
 
+from operator import is_
+
 import tracer
 from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, PrefillBudget, ceil_page
 from replay.backends.reference.coalesce import HeadRefusal
@@ -21,6 +23,10 @@ _WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 
 class AdmissionMixin:
     """Prefill batch selection (see the module docstring)."""
+
+    #: the last waiting-queue refresh that split nothing: (tree version, the requests it walked,
+    #: its walks' best nodes), see ``_last_refresh``
+    _refresh_memo: tuple | None = None
 
     def _allocatable(self, running_bs: int) -> int:
         return max(0, self.max_rows - running_bs)
@@ -104,7 +110,37 @@ class AdmissionMixin:
         refresh = self._prefix_refresh_calls % _WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._prefix_refresh_calls += 1
         if refresh:
-            self.model.touch_many(list(self._refresh_sequences()))
+            bests = self._last_refresh()
+            if bests is not None:
+                self.model.tree.apply_touches(bests)
+                return
+            tree = self.model.tree
+            version = tree.version if tree is not None else None
+            bests = self.model.touch_many(list(self._refresh_sequences()))
+            if bests is not None and tree.version == version:  # no walk split a node
+                self._note_refresh(bests)
+
+    def _last_refresh(self) -> list | None:
+        """The best nodes of the last waiting-queue refresh when this one walks the same keys over
+        the same tree: the same first ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests (a waiting
+        request's sequence does not change) and the tree's ``version`` unchanged since, so every
+        walk ends where it ended and splits nothing (None otherwise, and with the walk memo off)."""
+        last = self._refresh_memo
+        if last is None:
+            return None
+        version, reqs, bests = last
+        tree = self.model.tree
+        if version != tree.version or not tree.walk_memo:
+            return None
+        head = self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]
+        if len(head) != len(reqs) or not all(map(is_, head, reqs)):
+            return None
+        tree.walk_memo_hits += len(bests)
+        return bests
+
+    def _note_refresh(self, bests: list) -> None:
+        """Remember a refresh that split nothing (``bests``: its walks' best nodes, in order)."""
+        self._refresh_memo = (self.model.tree.version, self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX], bests)
 
     def _refresh_sequences(self):
         """The page keys the waiting-queue refresh walks, in its order: the first

@@ -374,9 +374,15 @@ class CoalesceMixin:
         (which changes the head's match)."""
         if due > self._next_arrival and len(self.waiting) < _REFRESH_MAX:
             return None
+        bests = self._last_refresh()
+        if bests is not None:
+            return bests
         model = self.model
         # lazily, newest first (the walk order): the check stops at the first walk that would split
-        return model.tree.memo_touches(model.refresh_key(k) for k in self._refresh_sequences())
+        bests = model.tree.memo_touches(model.refresh_key(k) for k in self._refresh_sequences())
+        if bests is not None:
+            self._note_refresh(bests)
+        return bests
 
     def _apply_head_matches(self, head: HeadRefusal, n: int) -> None:
         """The effects of the head's ``n`` (> 0) matches a stretch deferred: the last one run, the

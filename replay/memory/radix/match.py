@@ -124,7 +124,7 @@ class MatchMixin:
         self.walk_memo_hits += 1
         return memo[2]
 
-    def touch_many(self, keys: list) -> None:
+    def touch_many(self, keys: list) -> list:
         """``touch`` of each key in turn, exactly, with the recency effects applied once per node.
 
         The walks run in order (a walk that splits a node first applies the effects of the
@@ -135,6 +135,7 @@ class MatchMixin:
         node a later touch already stamped, whose ancestors that touch stamped too); the SWA LRU
         ends with the last touch's chain most recent, then each earlier chain's other nodes; a
         leaf is re-ranked once, with its final stamp (the heap's order reads only the stamps).
+        Returns the walks' best nodes, in order (what :meth:`apply_touches` applies).
         """
         bests = []
         memo_ok = self.walk_memo
@@ -151,6 +152,7 @@ class MatchMixin:
         finally:
             self._touch_pending = None
         self._apply_touches(bests)
+        return bests
 
     def memo_touches(self, keys) -> list | None:
         """What ``touch_many(keys)`` would apply when no walk splits a node (so the tree's shape
@@ -196,7 +198,9 @@ class MatchMixin:
                     cur = cur.parent
             if chain:
                 self.swa_lru.move_chain_to_mru(chain)
-        ticks = [self.tick() for _ in bests]  # one per touch, as ``touch`` takes them
+        t0 = self.clock  # one tick per touch, as ``touch`` takes them (integral floats: exact sums)
+        ticks = [t0 + i for i in range(len(bests))]
+        self.clock = t0 + len(bests)
         dev, host = self.device_leaves, self.host_leaves
         stamped = set()
         leaves = []
