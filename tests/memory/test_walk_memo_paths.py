@@ -226,3 +226,68 @@ def test_random_operations_memo_equals_fresh_walks():
                     walks += 1
                     assert got == shape(tree._match_walk(list(k[:n]))), f"step {step}: stale memo"
     assert walks > 1000 and hits > walks // 4
+
+
+def _figures(m) -> tuple:
+    return (m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens, m.full_kv_hit_tokens,
+            m.swa_branching_tokens, m.last_device_node, m.best_match_node)
+
+
+def _stamps(tree: RadixTree) -> list:
+    out, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        out.append((node, node.last_access))
+        stack.extend(node.children.values())
+    return out
+
+
+def test_peek_and_memo_touches_are_pure_reads_of_what_match_and_touch_many_do():
+    """``peek`` gives ``match``'s figures without splitting, stamping or reordering anything, and
+    None exactly where ``match`` splits a node; ``memo_touches`` (memoized walks, the others walked
+    again as pure reads) gives the best nodes ``touch_many`` reaches, and None where it splits."""
+    rng = random.Random(11)
+    tree = make_tree(hicache=True, pages=48)
+    stems = [seq(t, 8) for t in range(1, 5)]
+    peeked = none = memo_ok = memo_none = 0
+    for step in range(400):
+        stem = stems[rng.randrange(len(stems))]
+        key = stem[: rng.randint(1, 8)] + [9_000 + rng.randrange(5) for _ in range(rng.randint(0, 3))]
+        op = rng.random()
+        if op < 0.35:
+            need = len(key) + 2
+            if tree.pools.full.available_pages() < need or tree.pools.swa.available_pages() < need:
+                tree.evict(full_tokens=need * PS, swa_tokens=need * PS)
+            if tree.pools.full.available_pages() >= len(key) and tree.pools.swa.available_pages() >= len(key):
+                put(tree, key)
+        elif op < 0.5:
+            tree.evict(full_tokens=rng.randint(1, 4) * PS, swa_tokens=rng.randint(0, 4) * PS)
+        elif op < 0.75:
+            version, clock, stamps = tree.version, tree.clock, _stamps(tree)
+            lru = [list(tree.swa_lru)] if hasattr(tree, "swa_lru") else []
+            limit = rng.choice([None, len(key) - 1])
+            p = tree.peek(GrowingKeys(key), limit)
+            assert (tree.version, tree.clock) == (version, clock), f"step {step}: peek changed the tree"
+            assert _stamps(tree) == stamps and ([list(tree.swa_lru)] if lru else []) == lru
+            m = tree.match(list(key), limit)
+            if p is None:
+                none += 1
+                assert tree.version != version, f"step {step}: peek refused a match that splits nothing"
+            else:
+                peeked += 1
+                assert tree.version == version and p.prefix_pages is None
+                assert _figures(p) == _figures(m), f"step {step}: peek and match differ"
+        else:
+            keys = [GrowingKeys(stems[rng.randrange(len(stems))][: rng.randint(1, 8)]) for _ in range(3)]
+            version = tree.version
+            bests = tree.memo_touches(iter(keys))
+            assert tree.version == version
+            got = tree.touch_many([list(k) for k in keys])
+            if bests is None:
+                memo_none += 1
+                assert tree.version != version, f"step {step}: memo_touches refused touches that split nothing"
+            else:
+                memo_ok += 1
+                assert tree.version == version and all(a is b for a, b in zip(bests, got)) and len(bests) == len(got)
+        tree.check_integrity()
+    assert peeked > 20 and none > 5 and memo_ok > 20 and memo_none > 2, (peeked, none, memo_ok, memo_none)

@@ -27,6 +27,8 @@ class AdmissionMixin:
     #: the last waiting-queue refresh that split nothing: (tree version, the requests it walked,
     #: its walks' best nodes), see ``_last_refresh``
     _refresh_memo: tuple | None = None
+    #: refreshes that reused the last one's best nodes (a diagnostic)
+    refresh_reuses: int = 0
 
     def _allocatable(self, running_bs: int) -> int:
         return max(0, self.max_rows - running_bs)
@@ -136,6 +138,7 @@ class AdmissionMixin:
         if len(head) != len(reqs) or not all(map(is_, head, reqs)):
             return None
         tree.walk_memo_hits += len(bests)
+        self.refresh_reuses += 1
         return bests
 
     def _note_refresh(self, bests: list) -> None:

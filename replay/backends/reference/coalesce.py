@@ -33,7 +33,13 @@ none of its walks splits a node (``RadixTree.memo_touches``: memoized walks, oth
 as pure reads; no split, so the head's match and lock stand): the head's matches before it are
 applied, then its touches, as a step-by-step run orders them. A stretch stops before a refresh
 that would split (or that an arrival due at its step would join), before an integrity check is
-due, and before any step it cannot prove quiet.
+due, and before any step it cannot prove quiet. A refresh over the same first waiting requests
+and an unchanged tree reuses the last refresh's best nodes (``AdmissionMixin._last_refresh``).
+
+A stretch may start right after a finish: the finished requests leave the running batch first,
+as the next step's batch selection drops them, and where the finish's insert changed the tree,
+the refused head's walk is run again as a pure read (``RadixTree.peek``); the same hits and
+anchor mean the same refusal.
 
 Exactness is tested row by row against the step-by-step run (``decode_coalescing=off``) on the
 differential cases, every bundled workload and Hypothesis workloads
