@@ -40,6 +40,10 @@ Session 19, 2026-12-05 03:02 UTC (load ~1; this VM faster than in session 18), t
 with ``figures`` (coalesced, no trace written, as a plan's split) beside: production_1h 63.6x ->
 100.7x -> 105.0x (105.1 -> 66.7 -> 62.2 CPU s), same steps; mixed 66.4x -> 96.7x -> 111.3x.
 
+Session 23, 2026-12-05 17:32 UTC (a slow hour: step by step 59.0x where session 21 read 68.9x),
+the same command: production_1h 59.0x -> 84.9x -> 94.9x (114.9 -> 80.0 -> 68.8 CPU s), same steps;
+mixed 43.6x -> 71.5x -> 111.6x (docs/capacity.md "Session 23" for the side-by-side figures).
+
 Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
 """
 
