@@ -114,10 +114,8 @@ class KVCacheModel:
         and for a cache other than the plain radix cache (no tree, or EIC's own match)."""
         if type(self.cache) is not RadixCache:
             return None
-        tree = self.tree
-        if max_tokens is not None and self.cache.match_limit:
-            return tree.peek(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
-        return tree.peek(self._key(page_hashes, max_tokens))
+        limit = None if max_tokens is None else max(0, max_tokens) // self.config.page_size
+        return self.tree.peek(self._key(page_hashes, None), limit)
 
     @_op
     def touch(self, page_hashes: Sequence[int]) -> None:

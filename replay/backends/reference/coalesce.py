@@ -66,6 +66,12 @@ _REFRESH_MAX = 128  # admission._WAITING_QUEUE_PREFIX_MATCH_MAX
 _NEVER = 1 << 62
 
 
+def _hits(m) -> tuple:
+    """A match's figures and anchors (nodes compare by identity), all a refusal reads of it."""
+    return (m.device_hit_tokens, m.host_hit_tokens, m.swa_host_hit_tokens, m.full_kv_hit_tokens,
+            m.swa_branching_tokens, m.last_device_node, m.best_match_node)
+
+
 class HeadRefusal:
     """What the last admission attempt did when it refused the head of the waiting queue by its
     budget check (and did nothing else): enough to repeat the check and its effects exactly."""
@@ -125,11 +131,7 @@ class CoalesceMixin:
         them; its version becomes the tree's)."""
         model = self.model
         m = model.peek(memo.keys, max_tokens=memo.max_tokens)
-        old = memo.match
-        if (m is None or m.device_hit_tokens != old.device_hit_tokens or m.host_hit_tokens != old.host_hit_tokens
-                or m.swa_host_hit_tokens != old.swa_host_hit_tokens or m.last_device_node is not old.last_device_node
-                or m.best_match_node is not old.best_match_node or m.full_kv_hit_tokens != old.full_kv_hit_tokens
-                or m.swa_branching_tokens != old.swa_branching_tokens):
+        if m is None or _hits(m) != _hits(memo.match):
             return False
         memo.version = model.tree.version
         self.stretch_rematches += 1
