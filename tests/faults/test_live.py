@@ -21,6 +21,15 @@ def _start(path, flush_ms=1000):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _emitted_are_on_disk(acc, emitted):
+    """The child counts an emit after it returns, so a KeyboardInterrupt between a loop's emits
+    and its count leaves up to two events on disk that the child's ``final`` does not count (the
+    pool and cache rows of one iteration). None may be missing, and the tracer's own books
+    (written, issued, max seq) must agree exactly."""
+    return (emitted <= data_events(acc) <= emitted + 2 and acc["dropped"] == 0
+            and acc["written"] == acc["info"]["issued"] == acc["max_seq"])
+
+
 def _read_until(p, rounds):
     last = 0
     for _ in range(rounds):
@@ -77,8 +86,7 @@ def test_sigint_and_sigterm_of_a_live_recording(tmp_path, sig, state):
         emitted = int(out.split("final")[-1])
         acc = accounting(path)
         assert acc["info"]["state"] == "interrupted"
-        assert data_events(acc) == emitted and acc["dropped"] == 0
-        assert acc["written"] == acc["info"]["issued"] == acc["max_seq"]
+        assert _emitted_are_on_disk(acc, emitted), (acc, emitted)
         res = run("inspect", "--strict", path)
         assert_clean_failure(res, "was interrupted", code=1)
         return
@@ -124,4 +132,4 @@ def test_recover_racing_a_live_recorder_is_refused_and_changes_nothing(tmp_path)
     emitted = int(out.split("final")[-1])
     assert emitted >= flushed
     acc = accounting(path)
-    assert acc["info"]["state"] == "interrupted" and data_events(acc) == emitted and acc["dropped"] == 0
+    assert acc["info"]["state"] == "interrupted" and _emitted_are_on_disk(acc, emitted), (acc, emitted)
