@@ -76,8 +76,7 @@ def read_workload(path: str | os.PathLike, rank: int | None = None) -> Workload:
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as e:
         raise WorkloadError(f"{path / 'request' / f'rank={rank}'}: unreadable request segment ({e})") from None
     table = _plain(table)
-    is_arrival = pc.equal(table.column("event"), "arrival")
-    arrivals = table.filter(is_arrival).sort_by([("ts_ns", "ascending"), ("seq", "ascending")])
+    arrivals = _arrivals_in_order(table)
     if arrivals.num_rows == 0:
         raise WorkloadError(f"{path / 'request' / f'rank={rank}'}: no request arrival rows")
     assumed: list[str] = []
@@ -135,6 +134,20 @@ def _plain(table: pa.Table) -> pa.Table:
             c = c.cast(pa.string())
         cols.append(c)
     return pa.table(cols, names=REQUEST.column_names)
+
+
+def _arrivals_in_order(table: pa.Table) -> pa.Table:
+    """The arrival rows sorted by (ts_ns, seq). A workload holds only arrivals, already in that
+    order: then the table itself (a filter and a sort copy every page hash: ~0.3 s an hour)."""
+    is_arrival = pc.fill_null(pc.equal(table.column("event"), "arrival"), False)
+    if not pc.all(is_arrival).as_py():
+        table = table.filter(is_arrival)
+    ts = pc.fill_null(table.column("ts_ns"), 0).to_numpy().astype(np.int64, copy=False)
+    seq = pc.fill_null(table.column("seq"), 0).to_numpy().astype(np.int64, copy=False)
+    nulls = table.column("ts_ns").null_count or table.column("seq").null_count
+    if not nulls and (len(ts) < 2 or bool(np.all((ts[1:] > ts[:-1]) | ((ts[1:] == ts[:-1]) & (seq[1:] > seq[:-1]))))):
+        return table
+    return table.sort_by([("ts_ns", "ascending"), ("seq", "ascending")])
 
 
 def _complete_output_len(arrivals: pa.Table, table: pa.Table, assumed: list[str]) -> pa.Table:
@@ -197,7 +210,7 @@ def _columns(table: pa.Table) -> RequestColumns:
     lengths = pc.fill_null(pc.list_value_length(hashes), 0).to_numpy().astype(np.int64)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    flat = pc.list_flatten(hashes).to_numpy(zero_copy_only=False).astype(np.uint64)
+    flat = pc.list_flatten(hashes).to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
 
     def col(name, dtype):
         return pc.fill_null(table.column(name), -1).to_numpy().astype(dtype)

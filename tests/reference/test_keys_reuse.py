@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.backends.reference.keys import PageKeys
+from replay.backends.reference.keys import KeyDonors, LazyPrompt, PageKeys, SequenceOrigins
 from replay.backends.reference.scheduler import ReferenceBackend
 from replay.backends.reference.settings import from_knobs
 from replay.knobs import resolve
@@ -25,28 +25,46 @@ from replay.workloads import read_workload
 WORKLOADS = Path(__file__).resolve().parents[2] / "data" / "workloads"
 
 
+def _lazy(be, wl, ps: int) -> dict:
+    """Every request's ``PageKeys`` keyed from its origins as needed (no table), with the
+    donors a run's keying uses, made in arrival order: rid -> (keys, its output ids list)."""
+    donors, out = KeyDonors(wl.requests, be._synth._next_turn), {}
+    for w in wl.requests:
+        outputs = []
+        keys = PageKeys(LazyPrompt(be._synth, w, int(w.input_len)), ps, outputs, SequenceOrigins(be._synth, w))
+        donors.adopt(keys, w)
+        out[int(w.rid)] = (keys, outputs)
+    return out
+
+
 def _pairs(wl, ps: int) -> tuple[list, int, int]:
     """(fast key, token key) of every page of every request's whole planned sequence, and how
-    many pages were keyed from block hashes and as request-unique."""
+    many pages were keyed from block hashes and as request-unique. The run's keys (each
+    request's whole planned sequence keyed at its arrival, ``keytable.planned_keys``) are also
+    those of the same request keyed lazily, in pieces, as a chunked prefill and the decode ask."""
     values, _ = resolve("swa-fixes", [f"page_size={ps}", "full_pool_tokens=" + str(ps << 20)],
                         wl.manifest.get("server"))
     pairs, block_pages, unique_pages = [], 0, 0
     with ReferenceBackend(wl, from_knobs(values)) as be:
         be.clock_ns = max(w.arrival_ns for w in wl.requests)
         be._admit_arrivals()
+        lazy = _lazy(be, wl, ps)
         for req in be._active.values():
             real = be._synth.output_ids(req.wreq)  # the planned output ids (``req.plan`` stands in for them)
             assert len(real) == len(req.plan) and [t == 0 for t in real] == [t == 0 for t in req.plan]
             whole = PageKeys(be._synth._sequence(req.wreq, req.input_len), ps, real)
-            a = req.keys.up_to(req.input_len // 2)  # lazily, in two pieces, as a chunked prefill
-            assert a == req.keys.up_to(req.input_len)[:len(a)]
-            req.output_ids.extend(req.plan)  # the output pages, as the decode appends them
+            keys, outputs = lazy[req.rid]
+            a = keys.up_to(req.input_len // 2)  # lazily, in two pieces, as a chunked prefill
+            assert a == keys.up_to(req.input_len)[:len(a)]
+            outputs.extend(req.plan)  # the output pages, as the decode appends them
+            req.output_ids.extend(req.plan)
             n = req.input_len + len(req.plan)
-            fast, slow = req.keys.up_to(n), whole.up_to(n)
+            fast, slow = keys.up_to(n), whole.up_to(n)
             assert len(fast) == len(slow) == n // ps, req.rid
+            assert req.keys.up_to(n) == fast, req.rid  # the run's keys
             pairs += zip(fast, slow)
-            block_pages += req.keys._block_pages
-            unique_pages += sum(max(0, b // ps - -(-a // ps)) for a, b, _ in req.keys._origins.runs)
+            block_pages += keys._block_pages
+            unique_pages += sum(max(0, b // ps - -(-a // ps)) for a, b, _ in keys._origins.runs)
     return pairs, block_pages, unique_pages
 
 
@@ -126,16 +144,18 @@ def test_copied_outputs_share_the_next_turns_pages():
         be.clock_ns = max(w.arrival_ns for w in wl.requests)
         be._admit_arrivals()
         reqs = {r.rid: r for r in be._active.values()}
+        lazy = _lazy(be, wl, 16)
         for req in reqs.values():
             nxt, shared = be._synth._copied_from(req.wreq)
             if nxt is None or nxt.rid not in reqs or req.input_len % 16 or shared < 32:
                 continue
             req.output_ids.extend(req.plan)
+            lazy[req.rid][1].extend(req.plan)
             pages = (req.input_len + shared - 1) // 16
-            assert req.keys._block_pages > req.input_len // 16
+            assert lazy[req.rid][0]._block_pages > req.input_len // 16
             mine = req.keys.up_to(pages * 16)
             theirs = reqs[nxt.rid].keys.up_to(pages * 16)
-            assert mine == theirs
+            assert mine == theirs == lazy[req.rid][0].up_to(pages * 16)
             found += 1
     if not found:
         pytest.skip("multi_turn has no turn ending on a block boundary whose next turn is loaded")

@@ -51,9 +51,21 @@ def test_the_table_holds_the_keys_a_request_computes_alone(ps, clean_registry):
     ("agentic", "swa-fixes", ["page_size=64", "full_pool_tokens=120000", "swa_pool_tokens=12000"]),
     ("shared_prefix", "eic", ["page_size=8"]),
 ])
-def test_a_run_reading_the_table_has_the_figures_of_one_keying_itself(name, policy, sets, tmp_path, clean_registry):
+def test_a_run_reading_the_table_has_the_figures_of_one_keying_itself(name, policy, sets, tmp_path, clean_registry,
+                                                                      monkeypatch):
+    """The figures are the same whether a run keys each request as it reaches it (a workload past
+    ``MAX_RUN_PAGES``), keys them all before its first step (``keytable.for_run``, the default),
+    or reads a zygote's table."""
     source = WORKLOADS / name
-    plain = replay_run(source, tmp_path / "plain", policy=policy, sets=sets, backend="reference").to_dict()
+    with monkeypatch.context() as m:
+        m.setattr(keytable, "MAX_RUN_PAGES", 0)
+        PageKeys.adopted_pages = 0
+        plain = replay_run(source, tmp_path / "plain", policy=policy, sets=sets, backend="reference").to_dict()
+        if name != "agentic":  # its requests share no leading block pages at page size 64
+            assert PageKeys.adopted_pages > 0  # keyed as reached, from donors
+    first = replay_run(source, tmp_path / "first", policy=policy, sets=sets, backend="reference").to_dict()
+    assert {k: v for k, v in first.items() if k not in MEASURED} == \
+        {k: v for k, v in plain.items() if k not in MEASURED}
     wl = preload_workload(source)
     ps = int(sets[0].split("=")[1])
     keytable.install(wl, keytable.build(wl, ps))

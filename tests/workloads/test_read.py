@@ -98,3 +98,29 @@ def test_readers_do_not_scan_segments_themselves():
         for needle in ("glob(\"part-", "glob(\"rank=", "parse_major", "SCHEMA_MAJOR", "pq.read_table",
                        "ParquetFile", "pyarrow.dataset"):
             assert needle not in text, f"{p} uses {needle}: read through replay.trace instead"
+
+
+@pytest.mark.parametrize("order", ["sorted", "shuffled", "ties"])
+def test_arrivals_come_in_time_then_seq_order_however_stored(tmp_path, order):
+    """A workload already in (ts_ns, seq) order is taken as stored (no copy of its hashes);
+    any other order, ties on ts_ns included, is sorted as before."""
+    ts = {"sorted": [10, 20, 30, 40], "shuffled": [30, 10, 40, 20], "ties": [20, 20, 10, 20]}[order]
+    seq = {"sorted": [1, 2, 3, 4], "shuffled": [1, 2, 3, 4], "ties": [4, 2, 3, 1]}[order]
+    t = pa.table({
+        "ts_ns": pa.array(ts, pa.int64()), "seq": pa.array(seq, pa.int64()),
+        "event": pa.array([0] * 4, pa.uint8()), "rid": pa.array([0, 1, 2, 3], pa.int64()),
+        "session_id": pa.array([-1] * 4, pa.int64()), "turn": pa.array([-1] * 4, pa.int32()),
+        "input_len": pa.array([8, 16, 24, 32], pa.int32()), "output_len": pa.array([1] * 4, pa.int32()),
+        "max_new_tokens": pa.array([4] * 4, pa.int32()), "cached_len": pa.array([-1] * 4, pa.int32()),
+        "rid_str": pa.array(["a", "b", "c", "d"]),
+        "page_hashes": pa.array([[1], [1, 2], [3], [4, 5]], pa.list_(pa.uint64())),
+    })
+    write_family_table(tmp_path, "request", t, rank=0)
+    write_manifest(tmp_path, workload_manifest(16, {}))
+    w = read_workload(tmp_path)
+    want = sorted(range(4), key=lambda i: (ts[i], seq[i]))
+    assert w.table.column("rid").to_pylist() == want
+    assert w.columns.ts_ns.tolist() == sorted(ts)
+    hashes = [[1], [1, 2], [3], [4, 5]]
+    got = [w.columns.page_hashes[w.columns.hash_offsets[i]:w.columns.hash_offsets[i + 1]].tolist() for i in range(4)]
+    assert got == [hashes[i] for i in want]

@@ -114,11 +114,17 @@ def _build(workload, page_size: int, requests) -> dict[int, list[int]]:
     donors = KeyDonors(requests, synth._next_turn)
     rows = {}
     for w in requests:
-        plan = output_plan(w)
-        keys = PageKeys(LazyPrompt(synth, w, int(w.input_len)), page_size, plan, SequenceOrigins(synth, w))
-        donors.adopt(keys, w)
-        rows[int(w.rid)] = list(keys.up_to(int(w.input_len) + len(plan)))  # the ints themselves shared
+        rows[int(w.rid)] = planned_keys(synth, donors, w, page_size)
     return rows
+
+
+def planned_keys(synth, donors: KeyDonors, wreq, page_size: int) -> list[int]:
+    """The keys of ``wreq``'s whole planned sequence (prompt, then outputs), its leading ones
+    taken from ``donors`` (which note it for later requests): one table row."""
+    plan = output_plan(wreq)
+    keys = PageKeys(LazyPrompt(synth, wreq, int(wreq.input_len)), page_size, plan, SequenceOrigins(synth, wreq))
+    donors.adopt(keys, wreq)
+    return list(keys.up_to(int(wreq.input_len) + len(plan)))  # the ints themselves shared
 
 
 def _fork_share(workload, page_size: int, share: list, path: Path) -> int:
@@ -181,6 +187,29 @@ def _shared_rows(workload, share: list, offsets: np.ndarray, keys: np.ndarray) -
     return rows
 
 
+#: the most page keys a run keys before it starts (:func:`for_run`; a list entry and an int each,
+#: ~40 B: ~1.3 GB); a workload with more keys is keyed as the run reaches its requests
+MAX_RUN_PAGES = 32_000_000
+
+
+def for_run(workload, page_size: int) -> KeyTable | None:
+    """The table one run of ``workload`` keys before its first step (None: it keys each request
+    as it needs its pages, :class:`PageKeys` with ``KeyDonors``): every request's keys at once,
+    as a sweep's zygote keys them, when they number at most :data:`MAX_RUN_PAGES` and the rids
+    are unique. Measured on ``production_1h`` (figures-only, swa-fixes), three runs each
+    alternating: 16.4 s with the keys taken first (2.2 s of it keying), 18.1 s keying each
+    request at its arrival, with the same keying work (docs/capacity.md, "Session 24"); the
+    keys are kept for the run's length (+180 MB there)."""
+    requests = workload.requests
+    tokens = sum(int(w.input_len) + max(int(w.output_len), 0) for w in requests)
+    if tokens // max(1, page_size) > MAX_RUN_PAGES:
+        return None
+    try:
+        return build(workload, page_size)
+    except ValueError:  # rids repeat: each request keyed as the run reaches it
+        return None
+
+
 #: (workload, table) pairs installed in this process (a sweep's zygote, and the runs it forks)
 _TABLES: list[tuple[object, KeyTable]] = []
 
@@ -199,4 +228,4 @@ def lookup(workload, page_size: int) -> KeyTable | None:
     return None
 
 
-__all__ = ["MIN_PARALLEL_REQUESTS", "KeyTable", "build", "install", "lookup"]
+__all__ = ["MAX_RUN_PAGES", "MIN_PARALLEL_REQUESTS", "KeyTable", "build", "for_run", "install", "lookup", "planned_keys"]

@@ -23,6 +23,7 @@ from replay.backends.base import RunResult, StepRecord
 from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
 from replay.backends.reference.coalesce import POOL_IDS as _POOL_IDS, CoalesceMixin
+from replay.backends.reference.gc_pace import fewer_collections
 from replay.backends.reference.decode import DecodeMixin
 from replay.backends.reference import keytable
 from replay.backends.reference.keys import KeyDonors, LazyPrompt, SequenceOrigins
@@ -70,7 +71,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         self._synth = TokenSynth(self.workload)
         # each request's page keys: from a table computed before the run (a sweep's zygote), else
         # computed as the run needs them, the leading ones taken from an earlier request
-        self._key_table = keytable.lookup(self.workload, s.page_size)
+        self._key_table = keytable.lookup(self.workload, s.page_size) or keytable.for_run(self.workload, s.page_size)
         self._donors = KeyDonors(self.workload.requests, self._synth._next_turn) if self._key_table is None else None
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
         self._traced = getattr(self.observer, "traced", True)
@@ -114,12 +115,13 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         stop = self.settings.stop_on_retraction == "on"
         res = self.result
         stretch = self._run_stretch if self.settings.decode_coalescing != "off" else None  # on, or auto
-        while not self.done:
-            if stretch is not None and stretch():  # a stretch never retracts (it stops before a shortfall)
-                continue
-            self.step()
-            if stop and (res.num_retractions or res.num_aborted):
-                break
+        with fewer_collections():  # the collector's pace only (``gc_pace``)
+            while not self.done:
+                if stretch is not None and stretch():  # a stretch never retracts (it stops before a shortfall)
+                    continue
+                self.step()
+                if stop and (res.num_retractions or res.num_aborted):
+                    break
         if not self.done:
             res.stopped = "first_retraction"
         self.model.ack_write_through()  # the last acks, as the real loop's ``close_step``
