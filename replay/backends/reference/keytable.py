@@ -1,9 +1,11 @@
 """Every request's page keys at one page size, computed once for many runs of one workload.
 
-A run of the reference backend keys each request's pages as it needs them
-(:class:`replay.backends.reference.keys.PageKeys`): about a sixth of a production hour's replay.
-The keys are a function of the workload and the page size only, so the runs of one sweep (a
-plan's splits, a capacity sweep's sizes) would compute the same keys each. A sweep's zygote
+Keying a request's pages (:class:`replay.backends.reference.keys.PageKeys`) is about an eighth of
+a production hour's replay. The keys are a function of the workload and the page size only, so
+the runs of one sweep (a plan's splits, a capacity sweep's sizes) would compute the same keys
+each. A run with no table keys every request before its first step (:func:`for_run`: the loop
+that follows is faster than one keying each request as it reaches it, with the same keying
+work), or, past :data:`MAX_RUN_PAGES` keys, each request's pages as it needs them. A sweep's zygote
 computes them once (:func:`build`: each request's whole planned sequence, prompt then outputs)
 and :func:`install`\\ s the table before it forks the runs; a run whose workload and page size
 have a table (:func:`lookup`: the same workload object, which ``replay.workloads.preload_workload``
