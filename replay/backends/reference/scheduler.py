@@ -23,8 +23,8 @@ from replay.backends.base import RunResult, StepRecord
 from replay.backends.reference.admission import AdmissionMixin
 from replay.backends.reference.budget import NewTokenRatio, ceil_page
 from replay.backends.reference.coalesce import POOL_IDS as _POOL_IDS, CoalesceMixin
-from replay.backends.reference.gc_pace import fewer_collections
 from replay.backends.reference.decode import DecodeMixin
+from replay.backends.reference.gc_pace import fewer_collections
 from replay.backends.reference import keytable
 from replay.backends.reference.keys import KeyDonors, LazyPrompt, SequenceOrigins
 from replay.backends.reference.request import EOS_TOKEN_ID, RefReq, output_plan
@@ -69,7 +69,8 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if alloc is not None:
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
-        # each request's page keys: from a table computed before the run (a sweep's zygote), else
+        # each request's page keys: from a table computed before the run (a sweep's zygote's, else
+        # this run's own, ``keytable.for_run``), else (a workload past ``MAX_RUN_PAGES`` keys)
         # computed as the run needs them, the leading ones taken from an earlier request
         self._key_table = keytable.lookup(self.workload, s.page_size) or keytable.for_run(self.workload, s.page_size)
         self._donors = KeyDonors(self.workload.requests, self._synth._next_turn) if self._key_table is None else None
