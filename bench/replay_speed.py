@@ -44,6 +44,12 @@ Session 23, 2026-12-05 17:32 UTC (a slow hour: step by step 59.0x where session 
 the same command: production_1h 59.0x -> 84.9x -> 94.9x (114.9 -> 80.0 -> 68.8 CPU s), same steps;
 mixed 43.6x -> 71.5x -> 111.6x (docs/capacity.md "Session 23" for the side-by-side figures).
 
+Session 24, 2026-12-05 21:51 UTC (a fresh, fast VM: the same tree ran 3.7x faster than in session
+23's slow hour; load ~1), the same command after the session's changes (keys first, the collector's
+pace, the workload read in order): production_1h 203.2x -> 313.6x -> 384.3x (34.2 -> 21.9 -> 16.9
+CPU s), same steps; mixed 221.7x -> 330.4x -> 431.6x; the session's start on this VM read 352.5x
+and 390.5x figures-only (docs/capacity.md "Session 24").
+
 Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
 """
 
