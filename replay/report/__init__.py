@@ -152,10 +152,10 @@ def build_report(target, out, *, resample="1s", diagnose: bool = True, replay: b
         summary = load_summary(p) if p in runs else None
         sections.append(_details(label[p], t, summary, diags.get(p), kv_table, diagnosis_tables))
     page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly.offline.get_plotlyjs(),
-                        target=html.escape(str(target)), headline=head, figures=body,
+                        target=html.escape(str(target)), headline=head,
                         notes="".join(f'<p class="warn">{html.escape(w)}</p>' for w in warnings)
                         + "".join(f'<p class="note">{html.escape(n)}</p>' for n in notes), codes=codes_html,
-                        details="\n".join(sections))
+                        evidence=_EVIDENCE.format(figures=body, details="\n".join(sections)))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     sets = proof.fix_sets if proof is not None else (
@@ -199,8 +199,8 @@ def _sections_only_report(target: Path, out: Path, plan: dict | None, capacity_h
             "figures only; --traces keeps each run's trace for the evidence figures")
     sections = (_plan_html(plan, _render) if plan is not None else "") + capacity_html
     page = _PAGE.format(title=html.escape(f"kvtrace report: {target}"), plotly=plotly_js,
-                        target=html.escape(str(target)), headline="", figures="",
-                        notes=f'<p class="note">{html.escape(note)}</p>', codes=sections, details="")
+                        target=html.escape(str(target)), headline="",
+                        notes=f'<p class="note">{html.escape(note)}</p>', codes=sections, evidence="")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
     return {"out": str(out), "figures": [], "runs": [], "primary": None, "verdict": None, "primary_cause": None,
@@ -318,9 +318,13 @@ details{{margin:8px 0}} summary{{cursor:pointer;font-weight:bold}}</style>
 {headline}
 {notes}
 {codes}
-<h2>Evidence</h2>
-{figures}
-<h2>Details</h2>
-{details}
+{evidence}
 </body></html>
 """
+
+#: the evidence figures and the per-trace details (a report with traces; a plan's or a capacity
+#: sweep's whose runs kept none has neither, and no empty headings)
+_EVIDENCE = """<h2>Evidence</h2>
+{figures}
+<h2>Details</h2>
+{details}"""

@@ -139,6 +139,7 @@ def test_a_plan_runs_its_splits_figures_only_and_reports_them(long_outputs, tmp_
     res = build_report(tmp_path / "bare", tmp_path / "r.html", diagnose=False)
     page = (tmp_path / "r.html").read_text()
     assert "Capacity plan (0.2 GB)" in page and "figures-only" in page and res["plan"]["best"] == bare.best
+    assert "<h2>Evidence</h2>" not in page and "<h2>Details</h2>" not in page  # no empty headings
 
 
 def test_the_cli_says_a_run_is_figures_only_and_report_refuses_it_by_name(long_outputs, tmp_path):
