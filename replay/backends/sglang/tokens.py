@@ -29,6 +29,7 @@ TOKEN_ID_LIMIT = (1 << 31) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _SALT_UNIQUE = np.uint64(0xD6E8FEB86659FD93)
 
 
@@ -36,9 +37,12 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer over a uint64 array (wrapping arithmetic: numpy warns of overflow only
     in scalar arithmetic, so every caller passes an array and no ``errstate`` is entered, which
     cost more than the arithmetic on a request's few pages)."""
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    x = x ^ (x >> _S30)  # a new array: the caller's is never written; the rest in place
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 def _to_ids(x: np.ndarray) -> np.ndarray:
