@@ -32,30 +32,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from replay.backends.sglang.tokens import splitmix64 as _mix64  # wrapping: arrays only, never scalars
 from replay.memory.radix.match import GrowingKeys
 
 _MASK = (1 << 64) - 1
 _P = (0x100000001B3 * 0x9E3779B97F4A7C15 | 1) & _MASK  # an odd multiplier (invertible mod 2^64)
 _P_INV = pow(_P, -1, 1 << 64)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _POS = np.uint64(0xC2B2AE3D27D4EB4F)
 _POS_B = np.uint64(0x165667B19E3779F9)  # block-origin digests: place of a block / offset of a page
 _SALT_B = np.uint64(0x27D4EB2F165667C5)
 _POS_U = np.uint64(0x9FB21C651E98DF25)  # request-unique pages: the page's position
 _SALT_U = np.uint64(0xD1B54A32D192ED03)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer over a uint64 array (wrapping arithmetic; numpy warns of overflow
-    only in scalar arithmetic, so every digest here is computed on arrays, with no errstate)."""
-    x = x ^ (x >> _S30)  # a new array: the caller's is never written; the rest in place
-    x *= _M1
-    x ^= x >> _S27
-    x *= _M2
-    x ^= x >> _S31
-    return x
 
 
 def _cumpow(base: int, n: int) -> np.ndarray:

@@ -33,7 +33,7 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _SALT_UNIQUE = np.uint64(0xD6E8FEB86659FD93)
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
+def splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finalizer over a uint64 array (wrapping arithmetic: numpy warns of overflow only
     in scalar arithmetic, so every caller passes an array and no ``errstate`` is entered, which
     cost more than the arithmetic on a request's few pages)."""
@@ -61,14 +61,14 @@ def block_token_ids(page_hashes: np.ndarray, block_tokens: int) -> np.ndarray:
     hashes = np.asarray(page_hashes, dtype=np.uint64)
     offsets = np.arange(1, block_tokens + 1, dtype=np.uint64)
     x = hashes[:, None] + offsets[None, :] * _GOLDEN  # arrays: wrapping, no warning
-    return _to_ids(_mix64(x)).reshape(-1)
+    return _to_ids(splitmix64(x)).reshape(-1)
 
 
 def unique_token_ids(rid: int, start: int, stop: int) -> np.ndarray:
     """Ids for positions [start, stop) that belong to request ``rid`` only."""
     pos = np.arange(start + 1, stop + 1, dtype=np.uint64)
-    seed = _mix64(np.array([np.uint64(rid) ^ _SALT_UNIQUE], dtype=np.uint64))  # shape (1,): array arithmetic
-    return _to_ids(_mix64(seed + pos * _GOLDEN))
+    seed = splitmix64(np.array([np.uint64(rid) ^ _SALT_UNIQUE], dtype=np.uint64))  # shape (1,): array arithmetic
+    return _to_ids(splitmix64(seed + pos * _GOLDEN))
 
 
 class TokenSynth:
