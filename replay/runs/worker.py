@@ -88,10 +88,9 @@ def warm(source: str, page_sizes, workers: int = 1, max_pages: int | None = None
 
     limit = MAX_WARM_PAGES if max_pages is None else max_pages
     wl = preload_workload(source)
-    tokens = sum(int(w.input_len) + max(int(w.output_len), 0) for w in wl.requests)
     pages, kept, skipped = 0, [], []
     for ps in sorted({int(p) for p in page_sizes}, reverse=True):  # fewest keys first
-        if pages + tokens // ps > limit:
+        if pages + keytable.planned_pages(wl, ps) > limit:
             skipped.append(ps)
             continue
         table = keytable.build(wl, ps, workers=workers, scratch=scratch)

@@ -142,11 +142,11 @@ def _arrivals_in_order(table: pa.Table) -> pa.Table:
     is_arrival = pc.fill_null(pc.equal(table.column("event"), "arrival"), False)
     if not pc.all(is_arrival).as_py():
         table = table.filter(is_arrival)
-    ts = pc.fill_null(table.column("ts_ns"), 0).to_numpy().astype(np.int64, copy=False)
-    seq = pc.fill_null(table.column("seq"), 0).to_numpy().astype(np.int64, copy=False)
-    nulls = table.column("ts_ns").null_count or table.column("seq").null_count
-    if not nulls and (len(ts) < 2 or bool(np.all((ts[1:] > ts[:-1]) | ((ts[1:] == ts[:-1]) & (seq[1:] > seq[:-1]))))):
-        return table
+    if not (table.column("ts_ns").null_count or table.column("seq").null_count):
+        ts = table.column("ts_ns").to_numpy().astype(np.int64, copy=False)
+        seq = table.column("seq").to_numpy().astype(np.int64, copy=False)
+        if bool(np.all((ts[1:] > ts[:-1]) | ((ts[1:] == ts[:-1]) & (seq[1:] > seq[:-1])))):
+            return table
     return table.sort_by([("ts_ns", "ascending"), ("seq", "ascending")])
 
 

@@ -116,17 +116,17 @@ def _build(workload, page_size: int, requests) -> dict[int, list[int]]:
     donors = KeyDonors(requests, synth._next_turn)
     rows = {}
     for w in requests:
-        rows[int(w.rid)] = planned_keys(synth, donors, w, page_size)
+        plan = output_plan(w)
+        keys = PageKeys(LazyPrompt(synth, w, int(w.input_len)), page_size, plan, SequenceOrigins(synth, w))
+        donors.adopt(keys, w)
+        rows[int(w.rid)] = list(keys.up_to(int(w.input_len) + len(plan)))  # the ints themselves shared
     return rows
 
 
-def planned_keys(synth, donors: KeyDonors, wreq, page_size: int) -> list[int]:
-    """The keys of ``wreq``'s whole planned sequence (prompt, then outputs), its leading ones
-    taken from ``donors`` (which note it for later requests): one table row."""
-    plan = output_plan(wreq)
-    keys = PageKeys(LazyPrompt(synth, wreq, int(wreq.input_len)), page_size, plan, SequenceOrigins(synth, wreq))
-    donors.adopt(keys, wreq)
-    return list(keys.up_to(int(wreq.input_len) + len(plan)))  # the ints themselves shared
+def planned_pages(workload, page_size: int) -> int:
+    """How many keys a table of ``workload`` at ``page_size`` holds, at most (every request's
+    whole planned sequence, in whole pages or not)."""
+    return sum(int(w.input_len) + max(int(w.output_len), 0) for w in workload.requests) // max(1, page_size)
 
 
 def _fork_share(workload, page_size: int, share: list, path: Path) -> int:
@@ -202,9 +202,7 @@ def for_run(workload, page_size: int) -> KeyTable | None:
     alternating: 16.4 s with the keys taken first (2.2 s of it keying), 18.1 s keying each
     request at its arrival, with the same keying work (docs/capacity.md, "Session 24"); the
     keys are kept for the run's length (+180 MB there)."""
-    requests = workload.requests
-    tokens = sum(int(w.input_len) + max(int(w.output_len), 0) for w in requests)
-    if tokens // max(1, page_size) > MAX_RUN_PAGES:
+    if planned_pages(workload, page_size) > MAX_RUN_PAGES:
         return None
     try:
         return build(workload, page_size)
@@ -230,4 +228,4 @@ def lookup(workload, page_size: int) -> KeyTable | None:
     return None
 
 
-__all__ = ["MAX_RUN_PAGES", "MIN_PARALLEL_REQUESTS", "KeyTable", "build", "for_run", "install", "lookup", "planned_keys"]
+__all__ = ["MAX_RUN_PAGES", "MIN_PARALLEL_REQUESTS", "KeyTable", "build", "for_run", "install", "lookup", "planned_pages"]
