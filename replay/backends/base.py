@@ -155,6 +155,9 @@ class RunObserver:
     #: whether the emits write a trace (False: a figures-only run, whose sink reads no arrival's
     #: page hashes, so a loop may leave out their storage form)
     traced = True
+    #: a figures-only run's :class:`replay.backends.figures.FigureSink` (None: traced), whose
+    #: samples a loop may append itself (``FigureSink.device_series``)
+    figures = None
 
     def __init__(self, set_clock: Callable[[int], None], on_progress: Callable[[int, int], None] | None) -> None:
         self._set_clock = set_clock
@@ -191,6 +194,14 @@ class RunObserver:
                     t.first_token_ns = step.clock_ns
         if self.on_progress is not None:
             self.on_progress(self.done, step.clock_ns)
+
+    def on_decode_steps(self, n: int, cpu_ns: int, clock_ns: int) -> None:
+        """``on_step`` of ``n`` consecutive decode steps of a figures-only run in one call (a
+        coalesced stretch: no request is scheduled or finishes in them): their CPU, the last
+        one's end clock."""
+        self.sched_cpu_ns += cpu_ns
+        if self.on_progress is not None:
+            self.on_progress(self.done, clock_ns)
 
 
 def refuse_existing_trace(out: Path) -> None:
@@ -276,6 +287,7 @@ def _record_figures(workload: Any, out: Path, run_loop: Callable[[RunObserver], 
     emits = sink.emits()
     observer = observer_cls(emits["set_clock"], on_progress)
     observer.traced = False
+    observer.figures = sink
     tracer.route(emits)
     try:
         result = run_loop(observer)

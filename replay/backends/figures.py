@@ -131,6 +131,19 @@ class FigureSink:
         return {"pool": pool, "pool_ids": pool_ids, "cache": cache, "sched": sched, "stats": stats,
                 "request": request, "tick": tick, "set_clock": set_clock}
 
+    def device_series(self, pool: int, capacity: int) -> tuple[array, array]:
+        """The (trace clock, used) sample arrays of ``pool`` (created, and its capacity noted, as
+        its first ``stats`` row would), for a loop that samples a pool of fixed ``capacity``
+        itself: a ``stats`` row of it at clock ``t`` with ``available`` free is ``t`` appended
+        to the first and ``capacity - available`` to the second."""
+        s = self.samples.get(pool)
+        if s is None:
+            s = self.samples[pool] = (array("q"), array("q"))
+            self.capacity[pool] = capacity
+        elif capacity > self.capacity[pool]:
+            self.capacity[pool] = capacity
+        return s
+
     # ---- what was kept ----------------------------------------------------------------------
 
     def series(self) -> dict:

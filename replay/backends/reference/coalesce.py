@@ -19,7 +19,11 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
   when the stretch ends (or before an integrity check inside it);
 - the trace rows a step-by-step run writes, in the same order: the clock, the head's ``match``
   row, the release rows and pool rows, the ``step`` row and the ``stats`` rows (these two at the
-  step's end clock, as the normal path and the hooks stamp them).
+  step's end clock, as the normal path and the hooks stamp them). A figures-only run with no host
+  pool (``detail="figures"``, :mod:`replay.backends.figures`) keeps of these only what its sink
+  reads: each step's pool samples (appended to the sink's arrays), the head's ``match`` once (its
+  host hit is the same every step) and the release rows; the observer hears of the stretch once
+  (``RunObserver.on_decode_steps``).
 
 What a normal step would do besides is provably a no-op inside a stretch (no eviction: both pools
 keep at least a page per running request on their free lists; no finish: each request's first
@@ -208,6 +212,18 @@ class CoalesceMixin:
         obs = self.observer
         begin = getattr(obs, "on_step_begin", None)
         on_step = obs.on_step if obs is not None else None
+        # a figures-only run (no host pool) keeps of these steps only the pools' samples, the
+        # head's host hit (the same each step) and their CPU: appended and summed here, the
+        # observer told once (its sink reads no step row, no device pool row)
+        fig = getattr(obs, "figures", None)
+        if fig is not None and model.host_full is None and model.host_swa is None:
+            fig_full = (full.capacity_tokens, *fig.device_series(POOL_IDS["full"], full.capacity_tokens))
+            fig_swa = (swa.capacity_tokens, *fig.device_series(POOL_IDS["swa"], swa.capacity_tokens)) \
+                if swa is not None else None
+            begin = on_step = None
+            cpu_ns = 0
+        else:
+            fig = None
         # releases: each request's trigger length (its ``seq_tokens`` before the step's alloc when
         # ``seq - W >= swa_evicted + interval``); all lengths grow by one per step, so the steps to
         # the next release are a countdown
@@ -301,7 +317,8 @@ class CoalesceMixin:
                     self.stretch_refreshes += 1
                 refresh += 1
                 deferred += 1
-                tracer.cache(_MATCH, *hit)
+                if fig is None or not ran:
+                    tracer.cache(_MATCH, *hit)
                 self.batch_is_full = True  # a ``no_token`` refusal with requests running
             elif case == "full":
                 self.batch_is_full = True
@@ -329,14 +346,24 @@ class CoalesceMixin:
             self._idle_streak = 0
             self._sampled_idle = False
             self.trace_ct += 1
-            fct = self.trace_ct
-            tracer.set_clock(self.clock_ns)  # the step and stats rows at the step's end (``step``)
-            tracer.sched(_STEP, fct, _DECODE, bs, bs, 0)
-            stats = tracer.stats
-            for name, capacity, available, evictable, protected, held in model.occupancy_rows():
-                stats(fct, POOL_IDS[name], capacity, available, evictable, protected, held)
+            if fig is not None:  # the step's samples, at its end clock (as its ``stats`` rows)
+                cap, ts, used = fig_full
+                ts.append(self.clock_ns)
+                used.append(cap - full.available_tokens())
+                if fig_swa is not None:
+                    cap, ts, used = fig_swa
+                    ts.append(self.clock_ns)
+                    used.append(cap - swa.available_tokens())
+                cpu_ns += perf_counter_ns() - t0
+            else:
+                fct = self.trace_ct
+                tracer.set_clock(self.clock_ns)  # the step and stats rows at the step's end (``step``)
+                tracer.sched(_STEP, fct, _DECODE, bs, bs, 0)
+                stats = tracer.stats
+                for name, capacity, available, evictable, protected, held in model.occupancy_rows():
+                    stats(fct, POOL_IDS[name], capacity, available, evictable, protected, held)
             record = StepRecord(self.forward_ct, "decode", bs, bs, step_ns, self.clock_ns, 0,
-                                perf_counter_ns() - t0)
+                                perf_counter_ns() - t0) if on_step is not None else None
             self.forward_ct += 1
             ran += 1
             if on_step is not None:
@@ -346,6 +373,9 @@ class CoalesceMixin:
                 flushed = ran
                 self.check_integrity()
         _catch_up(batch, rows, ran - flushed)
+        if ran and fig is not None:
+            tracer.set_clock(self.clock_ns)  # where the last step left the sink's clock
+            obs.on_decode_steps(ran, cpu_ns, self.clock_ns)
         if ran:
             self.last_batch = list(batch)
             if head is not None:

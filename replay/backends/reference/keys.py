@@ -45,6 +45,10 @@ _POS_U = np.uint64(0x9FB21C651E98DF25)  # request-unique pages: the page's posit
 _SALT_U = np.uint64(0xD1B54A32D192ED03)
 
 
+#: the kinds of digest runs of :meth:`PageKeys._origin_runs`
+TOKEN_PAGES, UNIQUE_PAGES, COPIED_PAGES = "tokens", "unique", "copied"
+
+
 def _cumpow(base: int, n: int) -> np.ndarray:
     a = np.full(n, base, dtype=np.uint64)
     a[0] = 1
@@ -233,13 +237,14 @@ class PageKeys:
             return
         self._table, self._donor = keys, None
 
-    def _shared_pages(self, donor: PageKeys) -> int:
-        """Leading block pages of this sequence that ``donor`` has keyed with the same hashes."""
+    def _shared_pages(self, donor: PageKeys, donor_keys: int | None = None) -> int:
+        """Leading block pages of this sequence that ``donor`` has keyed (``donor_keys`` pages: by
+        default its keys so far) with the same hashes."""
         mine, theirs = self._origins, donor._origins
         ps, bt = self.ps, mine.block_tokens
         if donor.ps != ps or theirs.block_tokens != bt:
             return 0
-        pages = min(self._block_pages, donor._block_pages, len(donor.keys))
+        pages = min(self._block_pages, donor._block_pages, len(donor.keys) if donor_keys is None else donor_keys)
         if pages <= 0:
             return 0
         slots = pages * (ps // bt) if ps % bt == 0 else -(-pages * ps // bt)  # hash blocks those pages read
@@ -274,22 +279,34 @@ class PageKeys:
         run of request-unique tokens from the run's request and its position, a page inside the
         copied run of block tokens from their hashes, any other from its ids."""
         ps, org = self.ps, self._origins
+        d = np.empty(end - first, dtype=np.uint64)
+        for kind, j0, j1, rid in self._origin_runs(first, end):
+            d[j0 - first:j1 - first] = (
+                token_page_digests(org.tokens(j0 * ps, j1 * ps), ps) if kind is TOKEN_PAGES else
+                unique_page_digests(rid, j0 * ps, ps, j1 - j0) if kind is UNIQUE_PAGES else
+                block_page_digests(org.copied[2], org.block_tokens, ps, j0, j1))
+        return d
+
+    def _origin_runs(self, first: int, end: int):
+        """Pages ``first..end-1`` (none in the leading block run) as runs of one kind of digest,
+        in order: ``(kind, first page, end page, rid)``, kind one of :data:`TOKEN_PAGES` (where
+        kinds of token meet: from their ids), :data:`UNIQUE_PAGES` (inside a run of request
+        ``rid``'s unique tokens) and :data:`COPIED_PAGES` (inside the copied run of block tokens,
+        ``origins.copied``)."""
+        ps, org = self.ps, self._origins
         runs = org.runs
         if org.copied is not None and self._block_pages_allowed():
             runs = sorted((*runs, (org.copied[0], org.copied[1], -1)))
-        d = np.empty(end - first, dtype=np.uint64)
         pos = first  # pages before this are done (the runs are in order and apart)
         for a, b, rid in (*runs, (end * ps, end * ps, -2)):
             j0, j1 = max(first, -(-a // ps)), min(end, b // ps)
             if j0 >= j1 and rid != -2:
                 continue  # no whole page inside this run
-            if pos < j0:  # pages where kinds of token meet: from their ids
-                d[pos - first:j0 - first] = token_page_digests(org.tokens(pos * ps, j0 * ps), ps)
+            if pos < j0:
+                yield TOKEN_PAGES, pos, j0, -1
             if j0 < j1:
-                d[j0 - first:j1 - first] = (unique_page_digests(rid, j0 * ps, ps, j1 - j0) if rid >= 0 else
-                                            block_page_digests(org.copied[2], org.block_tokens, ps, j0, j1))
+                yield (UNIQUE_PAGES, j0, j1, rid) if rid >= 0 else (COPIED_PAGES, j0, j1, -1)
             pos = max(pos, j1)
-        return d
 
     def _block_pages_allowed(self) -> bool:
         bt = self._origins.block_tokens
@@ -381,5 +398,5 @@ def _shared_first_blocks(requests) -> dict[int, int]:
     return {h: rid for h, rid in last.items() if count[h] > 1}
 
 
-__all__ = ["KeyDonors", "LazyPrompt", "PageKeys", "SequenceOrigins", "block_page_digests", "chain_keys", "page_keys",
-           "token_page_digests", "unique_page_digests"]
+__all__ = ["COPIED_PAGES", "KeyDonors", "LazyPrompt", "PageKeys", "SequenceOrigins", "TOKEN_PAGES", "UNIQUE_PAGES",
+           "block_page_digests", "chain_keys", "page_keys", "token_page_digests", "unique_page_digests"]

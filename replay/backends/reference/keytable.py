@@ -10,8 +10,11 @@ computes them once (:func:`build`: each request's whole planned sequence, prompt
 and :func:`install`\\ s the table before it forks the runs; a run whose workload and page size
 have a table (:func:`lookup`: the same workload object, which ``replay.workloads.preload_workload``
 hands the forked run) reads its requests' keys from it (``PageKeys.take_from``). The table is
-built by the same ``PageKeys`` a run uses, so a run reads the keys it would have computed
-(``tests/reference/test_keytable.py``: identical figures with and without a table).
+planned by the same ``PageKeys`` a run uses (donors, adopted pages, digest runs) and keyed in
+batches (:mod:`replay.backends.reference.keybatch`: the digests and chains of many requests in a
+few whole-array operations), so a run reads the keys it would have computed
+(``tests/reference/test_keybatch.py``: the same ints; ``tests/reference/test_keytable.py``:
+identical figures with and without a table).
 
 The keys are Python lists whose equal leading keys are the same int objects across requests (a
 session's turns, a shared system prompt), as a run's key donors make them: the tree compares a
@@ -29,8 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.backends.reference.keys import KeyDonors, LazyPrompt, PageKeys, SequenceOrigins
-from replay.backends.reference.request import output_plan
+from replay.backends.reference.keys import KeyDonors
 
 #: fewer requests than this are keyed in one process (a fork costs more than it saves)
 MIN_PARALLEL_REQUESTS = 2000
@@ -110,17 +112,9 @@ def build(workload, page_size: int, workers: int = 1, scratch: str | Path | None
 
 
 def _build(workload, page_size: int, requests) -> dict[int, list[int]]:
-    from replay.backends.sglang.tokens import TokenSynth
+    from replay.backends.reference.keybatch import build_rows
 
-    synth = TokenSynth(workload)
-    donors = KeyDonors(requests, synth._next_turn)
-    rows = {}
-    for w in requests:
-        plan = output_plan(w)
-        keys = PageKeys(LazyPrompt(synth, w, int(w.input_len)), page_size, plan, SequenceOrigins(synth, w))
-        donors.adopt(keys, w)
-        rows[int(w.rid)] = list(keys.up_to(int(w.input_len) + len(plan)))  # the ints themselves shared
-    return rows
+    return build_rows(workload, page_size, requests)
 
 
 def planned_pages(workload, page_size: int) -> int:

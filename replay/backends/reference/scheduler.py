@@ -63,9 +63,12 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         s = self.settings
         self.model = KVCacheModel(s.memory_config())
         # ``pool`` rows: every allocator and host pool of the model emits its alloc/free through
-        # the tracer (a no-op when not recording), as the real allocators' hooks do.
+        # the tracer (a no-op when not recording), as the real allocators' hooks do; a figures-only
+        # run's sink reads only the host pools' (their allocator CPU)
+        self._traced = getattr(self.observer, "traced", True)
         pools = self.model.pools
-        for alloc in (pools.full, pools.swa, self.model.host_full, self.model.host_swa):
+        device = (pools.full, pools.swa) if self._traced else ()
+        for alloc in (*device, self.model.host_full, self.model.host_swa):
             if alloc is not None:
                 alloc.emit = tracer.pool
         self._synth = TokenSynth(self.workload)
@@ -75,7 +78,6 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         self._key_table = keytable.lookup(self.workload, s.page_size) or keytable.for_run(self.workload, s.page_size)
         self._donors = KeyDonors(self.workload.requests, self._synth._next_turn) if self._key_table is None else None
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
-        self._traced = getattr(self.observer, "traced", True)
         self._pending = list(self.workload.requests)
         self._next_arrival = 0
         self.clock_ns = self._pending[0].arrival_ns if self._pending else 0
