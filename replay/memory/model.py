@@ -127,10 +127,6 @@ class KVCacheModel:
         else:
             touch(self._key(page_hashes, None))
 
-    def refresh_key(self, page_hashes: Sequence[int]) -> list[int]:
-        """The key ``touch_many`` walks for ``page_hashes`` (for ``RadixTree.memo_touches``)."""
-        return self._key(page_hashes, None)
-
     @_op
     def touch_many(self, page_hashes_list: Sequence[Sequence[int]]) -> list | None:
         """``touch`` of each sequence in turn (the waiting-queue refresh), in one call; the walks'

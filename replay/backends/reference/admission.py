@@ -148,12 +148,12 @@ class AdmissionMixin:
     def _refresh_sequences(self):
         """The page keys the waiting-queue refresh walks, in its order: the first
         ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests' whole sequences, head last (lazily)."""
-        return (req.keys.up_to(req.fill_len) for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]))
+        return (req.whole_keys() for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]))
 
     def _add_one_req(self, req: RefReq, budget: PrefillBudget, can_run: list, extends: dict) -> str:
         """sglang ``init_next_round_input`` + ``add_one_req``: match, budget checks, lock."""
         s, ps, model = self.settings, self.settings.page_size, self.model
-        keys = req.keys.up_to(req.fill_len)
+        keys = req.whole_keys()
         m = model.match(keys, max_tokens=req.fill_len - 1)
         tree = model.tree
         if tree is None:

@@ -417,7 +417,7 @@ class CoalesceMixin:
             return bests
         model = self.model
         # lazily, newest first (the walk order): the check stops at the first walk that would split
-        bests = model.tree.memo_touches(model.refresh_key(k) for k in self._refresh_sequences())
+        bests = model.tree.memo_touches(self._refresh_sequences())  # lists: the keys ``touch_many`` walks
         if bests is not None:
             self._note_refresh(bests)
         return bests

@@ -23,7 +23,7 @@ class RefReq:
 
     __slots__ = ("wreq", "rid", "input_len", "max_new_tokens", "plan", "output_ids", "keys", "prefix_len",
                  "extend_end", "in_model", "cached_tokens", "host_hit", "swa_host_hit", "inflight_chunks",
-                 "retracted", "first_prefix", "decode_batch_idx", "finish_index")
+                 "retracted", "first_prefix", "decode_batch_idx", "finish_index", "_whole")
 
     def __init__(self, wreq, prompt, plan: list[int], ps: int, max_new_tokens: int, origins=None) -> None:
         self.wreq = wreq
@@ -51,11 +51,24 @@ class RefReq:
         except ValueError:
             pass
         self.finish_index = stop
+        self._whole: tuple | None = None  # (fill_len, its keys): ``whole_keys``
 
     @property
     def fill_len(self) -> int:
         """Tokens to prefill: the prompt plus what it generated before a retraction."""
         return self.input_len + len(self.output_ids)
+
+    def whole_keys(self) -> list[int]:
+        """``keys.up_to(fill_len)``: the keys of the sequence to prefill, kept while its length
+        stays (a waiting request is matched at every admission and walked by every prefix
+        refresh; its keys list never grows past ``fill_len``, so the same list is the answer)."""
+        n = self.input_len + len(self.output_ids)
+        whole = self._whole
+        if whole is not None and whole[0] == n:
+            return whole[1]
+        keys = self.keys.up_to(n)
+        self._whole = (n, keys)
+        return keys
 
     def finished(self) -> bool:
         return bool(self.output_ids) and (self.output_ids[-1] == EOS_TOKEN_ID
