@@ -23,7 +23,11 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
   pool (``detail="figures"``, :mod:`replay.backends.figures`) keeps of these only what its sink
   reads: each step's pool samples (appended to the sink's arrays), the head's ``match`` once (its
   host hit is the same every step) and the release rows; the observer hears of the stretch once
-  (``RunObserver.on_decode_steps``).
+  (``RunObserver.on_decode_steps``). Its *plain* steps (no arrival due, no release, no refresh
+  and no budget check of the refused head at them: each of those is known a number of steps
+  ahead) run in one tight loop (``_plain_steps``) that does only their allocations, the ratio's
+  decay, the clock, the counters and the samples, the free lists' room kept in local counters
+  (``tests/reference/test_plain_steps.py``: the samples are the traced run's ``stats`` rows).
 
 What a normal step would do besides is provably a no-op inside a stretch (no eviction: both pools
 keep at least a page per running request on their free lists; no finish: each request's first
@@ -65,7 +69,7 @@ _STEP = int(SchedKind.STEP)
 _DECODE = int(Mode.DECODE)
 _MATCH = int(CacheOp.MATCH)
 _SWA_RELEASE = int(CacheOp.SWA_RELEASE)
-_REFRESH_INTERVAL = 32  # admission._WAITING_PREFIX_REFRESH_INTERVAL
+_REFRESH_INTERVAL = 32  # admission.__REFRESH_INTERVAL
 _REFRESH_MAX = 128  # admission._WAITING_QUEUE_PREFIX_MATCH_MAX
 _NEVER = 1 << 62
 
@@ -98,6 +102,8 @@ class CoalesceMixin:
     #: refused heads whose match a stretch found unchanged after the tree changed (``_same_head_match``;
     #: a diagnostic)
     stretch_rematches: int = 0
+    #: steps a figures-only stretch ran in its tight loop (``_plain_steps``; a diagnostic)
+    plain_steps: int = 0
 
     @property
     def _eic(self) -> bool:
@@ -261,7 +267,25 @@ class CoalesceMixin:
         # the requests' lengths, decode indices and output ids lag ``ran - flushed`` steps behind
         # inside the stretch (``_catch_up``); what reads them here adds the lag
         ran = flushed = deferred = 0  # deferred: the head's matches not yet applied
+        plain = fig is not None and not self.check_integrity_every  # see ``_plain_steps``
         while ran < limit:
+            if plain and ran and countdown > 0 and (head is None or (
+                    refresh % _REFRESH_INTERVAL and ran < next_check and not other_possible)):
+                most = min(limit - ran, countdown, self._steps_to_arrival(step_ns))
+                if head is not None:
+                    most = min(most, _REFRESH_INTERVAL - refresh % _REFRESH_INTERVAL,
+                               next_check - ran)
+                n, phase, cpu = self._plain_steps(most, buckets, phase, rows, step_ns, fig_full, fig_swa)
+                if n:
+                    self.plain_steps += n
+                    cpu_ns += cpu
+                    ran += n
+                    countdown -= n
+                    if head is not None:
+                        refresh += n
+                        deferred += n
+                        self.stretch_checks_skipped += n
+                    continue
             # -- preconditions of this step (nothing is changed until they hold)
             if (full.available_tokens() < room or full.free_list_pages() < bs
                     or (swa is not None and (swa.available_tokens() < room or swa.free_list_pages() < bs))):
@@ -384,6 +408,79 @@ class CoalesceMixin:
                     self._apply_head_matches(head, deferred)
                 head.version = model.tree.version
         return ran
+
+    def _steps_to_arrival(self, step_ns: int) -> int:
+        """Steps from now that begin before the next pending arrival (none may be due inside a
+        run of plain steps)."""
+        if self._next_arrival >= len(self._pending):
+            return _NEVER
+        gap = self._pending[self._next_arrival].arrival_ns - self.clock_ns
+        if gap <= 0:
+            return 0
+        return (gap - 1) // step_ns + 1 if step_ns > 0 else _NEVER
+
+    def _plain_steps(self, most: int, buckets: list, phase: int, rows: list, step_ns: int, fig_full: tuple,
+                     fig_swa: tuple | None) -> tuple[int, int, int]:
+        """At most ``most`` steps of a figures-only stretch that do nothing but decode (no arrival
+        due, no release, no refresh and no budget check of the refused head at them): each
+        step's precondition (both free lists hold a page per running request), its page
+        allocations, the ratio's decay, the clock and counters, its pool samples, all in one
+        tight loop, exactly as the stretch's own step. Returns (steps run, the next phase, their
+        CPU ns)."""
+        t0 = perf_counter_ns()
+        model = self.model
+        pools = model.pools
+        full, swa = pools.full, (pools.swa if pools.has_swa else None)
+        bs = len(rows)
+        ps = len(buckets)
+        free_full = full.free_list_pages()
+        avail_full = full.available_pages()
+        free_swa = swa.free_list_pages() if swa is not None else _NEVER
+        avail_swa = swa.available_pages() if swa is not None else _NEVER
+        mapping = pools.mapping if swa is not None else None
+        ratio = self.ratio
+        cur, decay, low = ratio.current, ratio.decay, ratio.min
+        clock = self.clock_ns
+        cap_f, ts_f, used_f = fig_full
+        cap_s, ts_s, used_s = fig_swa if fig_swa is not None else (0, None, None)
+        n = 0
+        while n < most and free_full >= bs and avail_full >= bs and free_swa >= bs and avail_swa >= bs:
+            need = buckets[phase]
+            if need:
+                k = len(need)
+                got = full.take_free_pages(k)
+                free_full -= k
+                avail_full -= k
+                if mapping is not None:
+                    for f, p in zip(got, swa.take_free_pages(k)):
+                        mapping[f] = p
+                    free_swa -= k
+                    avail_swa -= k
+                for i, page in zip(need, got):
+                    rows[i].pages.append(page)
+            phase = phase + 1 if phase + 1 < ps else 0
+            cur = max(cur - decay, low)
+            clock += step_ns
+            ts_f.append(clock)
+            used_f.append(cap_f - avail_full * ps)
+            if ts_s is not None:
+                ts_s.append(clock)
+                used_s.append(cap_s - avail_swa * ps)
+            n += 1
+        if n:
+            ratio.current = cur
+            self.clock_ns = clock
+            res = self.result
+            res.num_decode_steps += n
+            res.decode_tokens += bs * n
+            res.num_steps += n
+            res.clock_ns = clock
+            self.trace_ct += n
+            self.forward_ct += n
+            self._idle_streak = 0
+            self._sampled_idle = False
+            self._last_retracted = 0  # (``batch_is_full`` stays as the stretch's last step set it)
+        return n, phase, perf_counter_ns() - t0
 
     def _refused_for(self, budget: PrefillBudget, head: HeadRefusal, grow: float, countdown: int) -> int:
         """Checks of the head, this step's included, that are refused as this one was, proven
