@@ -8,9 +8,10 @@ dozen numpy calls on a few hundred pages, so a table of an hour of traffic costs
 per-call overhead. Here each request is planned as ``PageKeys`` would key it (the same donors and
 adopted pages, the same runs of digest kinds, from ``PageKeys``' own methods), and a batch of
 requests is keyed in a few whole-array operations per kind: the block-hash pages, the
-request-unique pages and the copied-block pages of all of them together (the same formulas as
-``block_page_digests`` and ``unique_page_digests``, row for row); only the pages where kinds of
-token meet are digested request by request (from their token ids). The chain is linear in its
+request-unique pages and the copied-block pages of all of them together (the digest functions
+``block_page_digests`` and ``unique_page_digests`` call: ``whole_block_digests``,
+``part_block_digests``, ``unique_digests``); only the pages where kinds of token meet are
+digested request by request (from their token ids). The chain is linear in its
 start value, so each request's chain is computed from 0 (a segmented cumulative sum) and its
 donor's chain value added after (``c_k(prev) = c_k(0) + P^(k+1) prev``), the start values
 resolved in arrival order (a donor arrives first). The keys are the same ints ``PageKeys`` gives,
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.backends.reference.keys import (_POS_B, _POS_U, _POWERS, _SALT_B, _SALT_U, TOKEN_PAGES,
-                                            UNIQUE_PAGES, KeyDonors, LazyPrompt, PageKeys, SequenceOrigins, _mix64,
-                                            token_page_digests)
+from replay.backends.reference.keys import (TOKEN_PAGES, UNIQUE_PAGES, KeyDonors, LazyPrompt, PageKeys,
+                                            SequenceOrigins, chain_powers, chain_values_to_keys, part_block_digests,
+                                            token_page_digests, unique_digests, unique_seeds, whole_block_digests)
 from replay.backends.reference.request import output_plan
 
 #: pages keyed in one batch at most (the whole-array temporaries: ~100 B a page)
@@ -52,7 +53,7 @@ class _Plan:
         c = int(plan.chains[plan.off + k])
         if plan.done:  # its batch's chains carry their start values
             return c
-        return (c + int(_POWERS.get(k + 2)[0][k + 1]) * plan.prev) & _MASK
+        return (c + int(chain_powers(k + 2)[0][k + 1]) * plan.prev) & _MASK
 
 
 class _Batch:
@@ -110,28 +111,25 @@ class _Batch:
     def _block_digests(self) -> np.ndarray:
         """``block_page_digests`` of every block run, concatenated."""
         ps, bt = self.ps, self.bt
+        runs = self.blocks
         if ps % bt == 0:
             k = ps // bt
-            h = np.concatenate([np.asarray(hs[j0 * k:j1 * k], dtype=np.uint64) for hs, j0, j1, _ in self.blocks])
-            h = h.reshape(-1, k)
-            place = np.arange(1, k + 1, dtype=np.uint64) * _POS_B
-            return _mix64(_mix64(h + place).sum(axis=1, dtype=np.uint64) ^ _SALT_B)
+            h = np.concatenate([np.asarray(hs[j0 * k:j1 * k], dtype=np.uint64) for hs, j0, j1, _ in runs])
+            return whole_block_digests(h.reshape(-1, k))
         per = bt // ps
-        h = np.concatenate([np.asarray(hs[j0 // per:-(-j1 // per)], dtype=np.uint64) for hs, j0, j1, _ in self.blocks])
-        j = _ranges([(j0, j1) for _, j0, j1, _ in self.blocks])
-        base = np.repeat(np.cumsum([0] + [-(-j1 // per) - j0 // per for _, j0, j1, _ in self.blocks[:-1]]) -
-                         np.array([j0 // per for _, j0, _, _ in self.blocks]),
-                         [j1 - j0 for _, j0, j1, _ in self.blocks])
-        offset = (j % per + 1).astype(np.uint64) * _POS_B
-        return _mix64(_mix64(h[base + j // per] ^ offset) ^ _SALT_B)
+        # each run's blocks, concatenated; a page's block at its run's base plus its block's index
+        firsts = [j0 // per for _, j0, _, _ in runs]
+        ends = [-(-j1 // per) for _, _, j1, _ in runs]
+        h = np.concatenate([np.asarray(hs[a:b], dtype=np.uint64) for (hs, _, _, _), a, b in zip(runs, firsts, ends)])
+        j = _ranges([(j0, j1) for _, j0, j1, _ in runs])
+        bases = np.cumsum([0] + [b - a for a, b in zip(firsts[:-1], ends[:-1])]) - np.array(firsts)
+        return part_block_digests(h[np.repeat(bases, [j1 - j0 for _, j0, j1, _ in runs]) + j // per], j % per)
 
     def _unique_digests(self) -> np.ndarray:
         """``unique_page_digests`` of every unique run, concatenated."""
-        ps = self.ps
-        lens = [j1 - j0 for _, j0, j1, _ in self.unique]
-        seeds = _mix64(np.array([rid & _MASK for rid, _, _, _ in self.unique], dtype=np.uint64) ^ _SALT_U)
-        pos = (_ranges([(j0, j1) for _, j0, j1, _ in self.unique]) * ps + 1).astype(np.uint64)
-        return _mix64(_mix64(np.repeat(seeds, lens) + pos * _POS_U) ^ _SALT_U)
+        runs = self.unique
+        seeds = np.repeat(unique_seeds([rid for rid, _, _, _ in runs]), [j1 - j0 for _, j0, j1, _ in runs])
+        return unique_digests(seeds, (_ranges([(j0, j1) for _, j0, j1, _ in runs]) * self.ps + 1).astype(np.uint64))
 
 
 def _ranges(spans: list[tuple[int, int]]) -> np.ndarray:
@@ -202,7 +200,7 @@ def _key_batch(batch: _Batch, rows: dict) -> None:
     pw = None
     if total:
         local = np.arange(total, dtype=np.int64) - np.repeat(starts, lens)  # each page's index in its request
-        pw, pwi = _POWERS.get(int(lens.max()) + 1)
+        pw, pwi = chain_powers(int(lens.max()) + 1)
         summed = np.zeros(total + 1, dtype=np.uint64)
         np.cumsum(batch.digests() * pwi[local], dtype=np.uint64, out=summed[1:])
         chains = pw[local] * (summed[1:] - np.repeat(summed[starts], lens))  # each chain from 0
@@ -218,7 +216,7 @@ def _key_batch(batch: _Batch, rows: dict) -> None:
         chains += pw[local + 1] * np.repeat(prevs, lens)
     for p in plans:
         p.done = True
-    keys = (_mix64(chains) >> np.uint64(1)).tolist() if total else []
+    keys = chain_values_to_keys(chains).tolist() if total else []
     for p in plans:
         own = keys[p.off:p.off + p.count]
         if p.donor is not None:

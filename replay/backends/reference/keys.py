@@ -89,22 +89,51 @@ def block_page_digests(hashes: np.ndarray, block_tokens: int, page_size: int, fi
     multiple or a divisor of ``block_tokens``."""
     if page_size % block_tokens == 0:
         k = page_size // block_tokens
-        h = np.asarray(hashes[first * k:end * k], dtype=np.uint64).reshape(end - first, k)
-        place = np.arange(1, k + 1, dtype=np.uint64) * _POS_B
-        return _mix64(_mix64(h + place).sum(axis=1, dtype=np.uint64) ^ _SALT_B)
+        return whole_block_digests(np.asarray(hashes[first * k:end * k], dtype=np.uint64).reshape(end - first, k))
     per = block_tokens // page_size
     j = np.arange(first, end, dtype=np.int64)
-    h = np.asarray(hashes, dtype=np.uint64)[j // per]
-    offset = (j % per + 1).astype(np.uint64) * _POS_B
-    return _mix64(_mix64(h ^ offset) ^ _SALT_B)
+    return part_block_digests(np.asarray(hashes, dtype=np.uint64)[j // per], j % per)
+
+
+def whole_block_digests(h: np.ndarray) -> np.ndarray:
+    """Digests of pages of whole hash blocks (a page size a multiple of the block's): ``h`` the
+    pages' block hashes, a page per row, in order (uint64)."""
+    place = np.arange(1, h.shape[1] + 1, dtype=np.uint64) * _POS_B
+    return _mix64(_mix64(h + place).sum(axis=1, dtype=np.uint64) ^ _SALT_B)
+
+
+def part_block_digests(h: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Digests of pages inside one hash block each (a page size a divisor of the block's): ``h``
+    each page's block hash (uint64), ``offsets`` its index among the block's pages (int64)."""
+    return _mix64(_mix64(h ^ (offsets + 1).astype(np.uint64) * _POS_B) ^ _SALT_B)
 
 
 def unique_page_digests(rid: int, start: int, page_size: int, count: int) -> np.ndarray:
     """Digests of ``count`` pages from position ``start`` whose tokens are all unique to request
     ``rid`` (``unique_token_ids``: a function of the request and the position only)."""
-    seed = _mix64(np.array([rid & _MASK], dtype=np.uint64) ^ _SALT_U)
     pos = np.arange(start + 1, start + 1 + count * page_size, page_size, dtype=np.uint64)
-    return _mix64(_mix64(seed + pos * _POS_U) ^ _SALT_U)
+    return unique_digests(unique_seeds([rid]), pos)
+
+
+def unique_seeds(rids) -> np.ndarray:
+    """Each request's seed of its unique pages' digests (uint64)."""
+    return _mix64(np.array([rid & _MASK for rid in rids], dtype=np.uint64) ^ _SALT_U)
+
+
+def unique_digests(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Digests of request-unique pages: ``seeds`` each page's request seed (``unique_seeds``; or
+    one for all), ``positions`` each page's first token position plus one (uint64)."""
+    return _mix64(_mix64(seeds + positions * _POS_U) ^ _SALT_U)
+
+
+def chain_powers(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """``P^j`` and ``P^-j`` mod 2^64 for j = 0..m-1 (the chain's, :func:`chain_keys`)."""
+    return _POWERS.get(m)
+
+
+def chain_values_to_keys(chains: np.ndarray) -> np.ndarray:
+    """The keys (non-negative, < 2^63) of chain values, as :func:`chain_keys` mixes them."""
+    return _mix64(chains) >> np.uint64(1)
 
 
 def chain_keys(digests: np.ndarray, prev: int = 0, chains: list | None = None) -> tuple[list[int], int]:
@@ -117,7 +146,7 @@ def chain_keys(digests: np.ndarray, prev: int = 0, chains: list | None = None) -
     pw, pwi = _POWERS.get(m)
     s = np.cumsum(digests * pwi, dtype=np.uint64) + np.uint64((prev * _P) & _MASK)
     c = pw * s  # c_k = P^k * (P * prev + sum_j d_j P^-j)
-    keys = (_mix64(c) >> np.uint64(1)).tolist()
+    keys = chain_values_to_keys(c).tolist()
     if chains is not None:
         chains.append(c)
     return keys, int(c[-1])
@@ -399,4 +428,5 @@ def _shared_first_blocks(requests) -> dict[int, int]:
 
 
 __all__ = ["COPIED_PAGES", "KeyDonors", "LazyPrompt", "PageKeys", "SequenceOrigins", "TOKEN_PAGES", "UNIQUE_PAGES",
-           "block_page_digests", "chain_keys", "page_keys", "token_page_digests", "unique_page_digests"]
+           "block_page_digests", "chain_keys", "chain_powers", "chain_values_to_keys", "page_keys", "part_block_digests",
+           "token_page_digests", "unique_digests", "unique_page_digests", "unique_seeds", "whole_block_digests"]
