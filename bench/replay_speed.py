@@ -50,7 +50,14 @@ pace, the workload read in order): production_1h 203.2x -> 313.6x -> 384.3x (34.
 CPU s), same steps; mixed 221.7x -> 330.4x -> 431.6x; the session's start on this VM read 352.5x
 and 390.5x figures-only (docs/capacity.md "Session 24").
 
-Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met.
+Session 25, 2026-12-06 00:40 UTC (load ~1.1-1.4), the same command, back to back with 4994af5
+(session 24's head) on the same VM: production_1h 215.7x -> 313.9x -> 383.8x before, 207.8x ->
+349.7x -> 444.8x after (batched key tables, a waiting request's keys kept, a figures-only
+stretch's plain steps in one loop); mixed 211.7x / 303.4x / 405.0x before, 217.4x / 329.7x /
+485.6x after (503x and 500x in two other runs that hour; docs/capacity.md "Session 25").
+
+Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met on
+production_1h (444.8x figures-only); mixed is at it (485.6-503x figures-only).
 """
 
 from __future__ import annotations
