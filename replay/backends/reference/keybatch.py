@@ -155,8 +155,9 @@ def build_rows(workload, page_size: int, requests) -> dict[int, list[int]]:
 
     synth = TokenSynth(workload)
     donors = KeyDonors(requests, synth._next_turn)
-    plans: dict[int, _Plan] = {}  # id(PageKeys) -> its plan (the PageKeys kept alive in ``keep``)
-    keep: list[PageKeys] = []
+    # id(PageKeys) -> its plan: a donor is alive (``donors`` holds it), and a PageKeys made
+    # after one was freed writes its own entry before anything looks it up
+    plans: dict[int, _Plan] = {}
     rows: dict[int, list[int]] = {}
     batch = _Batch(page_size, synth.block_tokens)
     for w in requests:
@@ -166,7 +167,6 @@ def build_rows(workload, page_size: int, requests) -> dict[int, list[int]]:
         donors.adopt(pk, w)
         plan = _Plan(int(w.rid), (n_in + len(plan_out)) // page_size)
         plans[id(pk)] = plan
-        keep.append(pk)
         _adopt(plan, pk, plans)
         batch.add(plan, pk)
         if batch.pages >= BATCH_PAGES:
