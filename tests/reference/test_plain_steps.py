@@ -20,24 +20,21 @@ from tests.reference.rows import trace_rows
 WORKLOADS = Path(__file__).resolve().parents[2] / "data" / "workloads"
 
 
-def _runs(name: str, policy: str, sets: list, tmp_path: Path, max_requests: int = 120):
+def _runs(name: str, policy: str, sets: list, tmp_path: Path, monkeypatch, max_requests: int = 120):
     values, _ = resolve_settings(WORKLOADS / name, policy, sets, "reference")
     wl = read_workload(WORKLOADS / name)
     wl.__dict__["requests"] = wl.requests[:max_requests]
     settings = settings_from_knobs(values)
     traced = record_run(wl, settings, tmp_path / "traced")
     plain = [0]
-    enter = ReferenceBackend.__exit__
+    leave = ReferenceBackend.__exit__
 
-    def count(self, *exc):  # the plain steps each figures-only backend ran
+    def count(self, *exc):  # the plain steps the figures-only backend ran
         plain[0] += self.plain_steps
-        return enter(self, *exc)
+        return leave(self, *exc)
 
-    ReferenceBackend.__exit__ = count
-    try:
-        bare = record_run(wl, settings, tmp_path / "bare", detail=FIGURES)
-    finally:
-        ReferenceBackend.__exit__ = enter
+    monkeypatch.setattr(ReferenceBackend, "__exit__", count)
+    bare = record_run(wl, settings, tmp_path / "bare", detail=FIGURES)
     return traced, bare, trace_rows(tmp_path / "traced"), plain[0]
 
 
@@ -48,8 +45,8 @@ def _runs(name: str, policy: str, sets: list, tmp_path: Path, max_requests: int 
     ("shared_prefix", "eic", ["page_size=8"]),
     ("agentic", "swa-fixes", ["page_size=64", "full_pool_tokens=120000", "swa_pool_tokens=12000"]),
 ])
-def test_plain_steps_sample_what_the_traced_run_writes(name, policy, sets, tmp_path):
-    traced, bare, rows, plain = _runs(name, policy, sets, tmp_path)
+def test_plain_steps_sample_what_the_traced_run_writes(name, policy, sets, tmp_path, monkeypatch):
+    traced, bare, rows, plain = _runs(name, policy, sets, tmp_path, monkeypatch)
     assert plain > 0, "no plain step ran: the comparison says nothing of them"
     want: dict[int, list] = {}
     for r in rows["stats"]:
@@ -63,8 +60,9 @@ def test_plain_steps_sample_what_the_traced_run_writes(name, policy, sets, tmp_p
            (b.num_steps, b.num_decode_steps, b.decode_tokens, b.clock_ns, b.num_finished)
 
 
-def test_a_host_pool_keeps_the_sinks_emits(tmp_path):
+def test_a_host_pool_keeps_the_sinks_emits(tmp_path, monkeypatch):
     """With HiCache the stretch samples every pool through the emits (no plain steps)."""
-    traced, bare, rows, plain = _runs("agentic", "recorded", ["host_pool_tokens=300000", "page_size=32"], tmp_path)
+    traced, bare, rows, plain = _runs("agentic", "recorded", ["host_pool_tokens=300000", "page_size=32"], tmp_path,
+                                      monkeypatch)
     assert plain == 0
     assert sum(len(ts) for ts, _ in bare.figures.samples.values()) == len(rows["stats"])
