@@ -43,3 +43,27 @@ def test_a_run_leaves_the_thresholds_as_it_found_them(thresholds, tmp_path):
     replay_run(Path(__file__).resolve().parents[2] / "data" / "workloads" / "mixed", tmp_path / "r",
                policy="swa-fixes", backend="reference", detail="figures")
     assert gc.get_threshold() == (555, 7, 9)
+
+
+def test_the_runs_own_key_table_is_built_at_the_runs_pace(thresholds, monkeypatch):
+    from pathlib import Path
+
+    from replay.backends.reference import keytable
+    from replay.backends.reference.scheduler import ReferenceBackend
+    from replay.backends.reference.settings import ReferenceSettings
+    from replay.workloads import read_workload
+
+    seen = []
+    build = keytable.for_run
+
+    def spy(workload, page_size):
+        seen.append(gc.get_threshold())
+        return build(workload, page_size)
+
+    monkeypatch.setattr(keytable, "for_run", spy)
+    gc.set_threshold(555, 7, 9)
+    wl = read_workload(Path(__file__).resolve().parents[2] / "data" / "workloads" / "mixed")
+    with ReferenceBackend(wl, ReferenceSettings()) as be:
+        assert be._key_table is not None
+    assert seen == [(RUN_YOUNG_THRESHOLD, 7, 9)]
+    assert gc.get_threshold() == (555, 7, 9)

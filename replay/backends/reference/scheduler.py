@@ -74,8 +74,11 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         self._synth = TokenSynth(self.workload)
         # each request's page keys: from a table computed before the run (a sweep's zygote's, else
         # this run's own, ``keytable.for_run``), else (a workload past ``MAX_RUN_PAGES`` keys)
-        # computed as the run needs them, the leading ones taken from an earlier request
-        self._key_table = keytable.lookup(self.workload, s.page_size) or keytable.for_run(self.workload, s.page_size)
+        # computed as the run needs them, the leading ones taken from an earlier request; built at
+        # the run's collector pace (``gc_pace``: its long-lived lists, no cyclic garbage)
+        with fewer_collections():
+            self._key_table = keytable.lookup(self.workload, s.page_size) or keytable.for_run(self.workload,
+                                                                                            s.page_size)
         self._donors = KeyDonors(self.workload.requests, self._synth._next_turn) if self._key_table is None else None
         self._prefixes = new_prefix_index()  # the arrival rows' storage form (schema 1.1), as the hooks'
         self._pending = list(self.workload.requests)
