@@ -54,10 +54,12 @@ Session 25, 2026-12-06 00:40 UTC (load ~1.1-1.4), the same command, back to back
 (session 24's head) on the same VM: production_1h 215.7x -> 313.9x -> 383.8x before, 207.8x ->
 349.7x -> 444.8x after (batched key tables, a waiting request's keys kept, a figures-only
 stretch's plain steps in one loop); mixed 211.7x / 303.4x / 405.0x before, 217.4x / 329.7x /
-485.6x after (503x and 500x in two other runs that hour; docs/capacity.md "Session 25").
+485.6x after (503x and 500x in two other runs that hour); at the session's last change, 01:20 UTC,
+``--coalescing figures`` back to back: production_1h 367.4x -> 431.0x, mixed 413.2x -> 511.5x
+(docs/capacity.md "Session 25").
 
 Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met on
-production_1h (444.8x figures-only); mixed is at it (485.6-503x figures-only).
+production_1h (431-445x figures-only); mixed is at its edge (471-511x figures-only).
 """
 
 from __future__ import annotations
