@@ -223,8 +223,8 @@ class CoalesceMixin:
         # observer told once (its sink reads no step row, no device pool row)
         fig = getattr(obs, "figures", None)
         if fig is not None and model.host_full is None and model.host_swa is None:
-            fig_full = (full.capacity_tokens, *fig.device_series(POOL_IDS["full"], full.capacity_tokens))
-            fig_swa = (swa.capacity_tokens, *fig.device_series(POOL_IDS["swa"], swa.capacity_tokens)) \
+            fig_full = (full.capacity_tokens, *fig.device_series(POOL_IDS["full"], full.capacity_tokens), ps)
+            fig_swa = (swa.capacity_tokens, *fig.device_series(POOL_IDS["swa"], swa.capacity_tokens), ps) \
                 if swa is not None else None
             begin = on_step = None
             cpu_ns = 0
@@ -371,13 +371,9 @@ class CoalesceMixin:
             self._sampled_idle = False
             self.trace_ct += 1
             if fig is not None:  # the step's samples, at its end clock (as its ``stats`` rows)
-                cap, ts, used = fig_full
-                ts.append(self.clock_ns)
-                used.append(cap - full.available_tokens())
+                _sample(fig_full, self.clock_ns, full.available_pages())
                 if fig_swa is not None:
-                    cap, ts, used = fig_swa
-                    ts.append(self.clock_ns)
-                    used.append(cap - swa.available_tokens())
+                    _sample(fig_swa, self.clock_ns, swa.available_pages())
                 cpu_ns += perf_counter_ns() - t0
             else:
                 fct = self.trace_ct
@@ -441,8 +437,6 @@ class CoalesceMixin:
         ratio = self.ratio
         cur, decay, low = ratio.current, ratio.decay, ratio.min
         clock = self.clock_ns
-        cap_f, ts_f, used_f = fig_full
-        cap_s, ts_s, used_s = fig_swa if fig_swa is not None else (0, None, None)
         n = 0
         while n < most and free_full >= bs and avail_full >= bs and free_swa >= bs and avail_swa >= bs:
             need = buckets[phase]
@@ -461,11 +455,9 @@ class CoalesceMixin:
             phase = phase + 1 if phase + 1 < ps else 0
             cur = max(cur - decay, low)
             clock += step_ns
-            ts_f.append(clock)
-            used_f.append(cap_f - avail_full * ps)
-            if ts_s is not None:
-                ts_s.append(clock)
-                used_s.append(cap_s - avail_swa * ps)
+            _sample(fig_full, clock, avail_full)
+            if fig_swa is not None:
+                _sample(fig_swa, clock, avail_swa)
             n += 1
         if n:
             ratio.current = cur
@@ -553,6 +545,14 @@ class CoalesceMixin:
             if d < best:
                 best = d
         return max(best, 0)
+
+
+def _sample(series: tuple, clock_ns: int, available_pages: int) -> None:
+    """One ``stats`` sample of a pool into a figures-only sink's arrays: ``series`` is (capacity
+    in tokens, clock samples, used samples, page size)."""
+    capacity, ts, used, ps = series
+    ts.append(clock_ns)
+    used.append(capacity - available_pages * ps)
 
 
 def _catch_up(batch, rows, k: int) -> None:

@@ -214,10 +214,9 @@ def _key_batch(batch: _Batch, rows: dict) -> None:
             prevs[i] = p.prev
     if total:
         chains += pw[local + 1] * np.repeat(prevs, lens)
-    for p in plans:
-        p.done = True
     keys = chain_values_to_keys(chains).tolist() if total else []
     for p in plans:
+        p.done = True  # its chains carry their start values now
         own = keys[p.off:p.off + p.count]
         if p.donor is not None:
             row = p.donor.keys[:p.adopted]

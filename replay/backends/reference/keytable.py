@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from replay.backends.reference.keybatch import build_rows as _build  # rid -> keys of requests, in order
 from replay.backends.reference.keys import KeyDonors
 
 #: fewer requests than this are keyed in one process (a fork costs more than it saves)
@@ -109,12 +110,6 @@ def build(workload, page_size: int, workers: int = 1, scratch: str | Path | None
             with np.load(Path(tmp) / f"{i}.npz") as z:
                 rows |= _shared_rows(workload, shares[i], z["offsets"], z["keys"])
     return KeyTable(page_size, rows)
-
-
-def _build(workload, page_size: int, requests) -> dict[int, list[int]]:
-    from replay.backends.reference.keybatch import build_rows
-
-    return build_rows(workload, page_size, requests)
 
 
 def planned_pages(workload, page_size: int) -> int:
