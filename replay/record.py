@@ -18,8 +18,6 @@ run's summary.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,7 +129,9 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
 def _finish(workload, out: Path, summary: dict, failed: BaseException | None = None) -> dict:
     """Write ``backend.json``; refuse a recording in which every request was aborted."""
     try:
-        _write_json_atomic(out / "backend.json", summary)
+        from replay.runs.summary import write_json_atomic
+
+        write_json_atomic(out / "backend.json", summary)
     except OSError as e:
         raise DataLostError(f"{out / 'backend.json'}: could not write the run summary ({e.strerror or e})"
                             + ("" if failed is None else f"; the recording failed too: {failed}")) from None
@@ -189,16 +189,6 @@ def _validate_workload(workload) -> None:
 
     read_workload(workload)
     open_trace(workload, strict=True)  # column types, unreadable or open segments
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1, default=str))
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 @contextmanager

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from replay import knobs
-from replay.runs.summary import SUMMARY_FILE, RunError, RunSummary, _summarize, _write_json
+from replay.runs.summary import SUMMARY_FILE, RunError, RunSummary, _summarize, write_json_atomic
 
 INSTALLED = "installed"
 #: knobs that are behaviour (a commit's own): refused on a code run when set
@@ -290,7 +290,7 @@ def replay_code(source: str | Path, out: str | Path, code: Code | str, *, policy
     summary = RunSummary.from_dict(summary.to_dict() | {"code": code.as_dict() | {"kind": data["kind"],
                                                                                  "pools": data["pools"]},
                                                          "env": proc_env})
-    _write_json(out / SUMMARY_FILE, summary.to_dict())
+    write_json_atomic(out / SUMMARY_FILE, summary.to_dict())
     return summary
 
 

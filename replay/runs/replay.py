@@ -23,7 +23,7 @@ from pathlib import Path
 from replay import knobs
 from replay.backends.base import FIGURES
 from replay.runs.summary import (MEASURED, SUMMARY_FILE, RunError, RunSummary, _summarize,  # noqa: F401
-                                 _write_json, read_summary, settings_refused)
+                                 write_json_atomic, read_summary, settings_refused)
 
 
 def resolve_settings(source: str | Path, policy: str, sets=(), backend: str = "sglang"):
@@ -144,7 +144,7 @@ def _with_gb(out: Path, summary: RunSummary, kv_bytes: dict, sink=None) -> RunSu
     bpt = kv_bytes.get("bytes_per_token") or {}
     gb = gb_figures(out, bpt) if sink is None else gb_from_usage(pool_usage(sink.series()), bpt)
     summary = RunSummary.from_dict(summary.to_dict() | {"kv_bytes": kv_bytes} | gb)
-    _write_json(out / SUMMARY_FILE, summary.to_dict())
+    write_json_atomic(out / SUMMARY_FILE, summary.to_dict())
     return summary
 
 

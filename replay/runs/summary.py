@@ -175,7 +175,17 @@ def _pct_ms(values: np.ndarray, q: float) -> float:
     return round(float(np.percentile(values, q)) / 1e6, 3) if values.size else 0.0
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write ``obj`` to ``path`` whole or not at all (a temporary file renamed over it; a run's
+    ``summary.json``, a recording's ``backend.json``). The temporary file never stays behind (a
+    full disk, an interrupt), and a failure to write names ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(obj, indent=1, default=str))
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
