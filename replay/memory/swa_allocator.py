@@ -8,6 +8,13 @@ every access touches O(pages) entries, where a torch op on a tiny index tensor w
 1-4 µs of dispatch. An SWA free reads and clears the mapping and must precede the full free of
 the same pages.
 
+A large extend's mapping is written lazily (a *pending run*: its full and SWA page lists, whose
+mapping entries still read 0). Most of such a run's SWA goes again at the request's next
+out-of-window release, which takes the run's leading pages by slicing it (``free_swa_chunks``)
+instead of writing and then reading back and clearing each entry (chunked prefill: ~500 pages per
+chunk); every other reader of the mapping writes the pending runs first (``_write_pending``), so
+what any reader sees, and the SWA free list's order, are as if each run had been mapped at once.
+
 ``PlainKVPools`` is the same interface over one full pool (models without SWA).
 """
 
@@ -17,6 +24,9 @@ from collections.abc import Sequence
 
 from replay.memory.allocator import DeviceAllocator, num_new_pages
 from replay.memory.results import IntegrityError, MemoryModelError
+
+#: a request's extend run of this many pages or more is mapped lazily (``SWAKVPools``)
+PENDING_RUN_PAGES = 32
 
 
 class PlainKVPools:
@@ -100,14 +110,30 @@ class SWAKVPools(PlainKVPools):
     """
 
     has_swa = True
+    #: extend runs this long or longer are left pending (:data:`PENDING_RUN_PAGES`)
+    pending_run_pages = PENDING_RUN_PAGES
 
     def __init__(self, full: DeviceAllocator, swa: DeviceAllocator):
         if full.page_size != swa.page_size:
             raise ValueError("full and SWA pools must share a page size")
         super().__init__(full)
         self.swa = swa
-        self.mapping: list[int] = [0] * (full.num_pages + 1)
+        self._mapping: list[int] = [0] * (full.num_pages + 1)
+        self._pending: list[tuple[list[int], list[int]]] = []  # (full pages, their SWA pages), unmapped
         self.num_unmapped_swa_frees = 0
+
+    @property
+    def mapping(self) -> list[int]:
+        """The page-level full→SWA mapping (0 = no SWA peer), every pending run written."""
+        if self._pending:
+            self._write_pending()
+        return self._mapping
+
+    def _write_pending(self) -> None:
+        """Write the pending runs' mapping entries."""
+        runs, self._pending = self._pending, []
+        for f, s in runs:
+            self._map(f, s)
 
     # ---- sizes -------------------------------------------------------------------------
 
@@ -125,16 +151,19 @@ class SWAKVPools(PlainKVPools):
     # ---- allocation --------------------------------------------------------------------
 
     def _map(self, full_pages: Sequence[int], swa_pages: Sequence[int]) -> None:
-        mapping = self.mapping
+        mapping = self._mapping
         for f, s in zip(full_pages, swa_pages):
             mapping[f] = s
 
     def alloc_extend_pages(self, prefix_lens, seq_lens) -> list[list[int]] | None:
         """Lockstep extend: one ``num_new_pages`` on both sides, then ``mapping[full] = swa``.
 
+        A request's run of :data:`PENDING_RUN_PAGES` pages or more is left pending (mapped when
+        a reader needs it, see the module docstring).
+
         Returns:
             full page ids per request, or None when either side is short (nothing taken).
-        Mutates: both free lists, the mapping.
+        Mutates: both free lists, the mapping (or the pending runs).
         """
         ps = self.page_size
         total = sum(num_new_pages(p, s, ps) for p, s in zip(prefix_lens, seq_lens))
@@ -144,8 +173,12 @@ class SWAKVPools(PlainKVPools):
         swa = self.swa.alloc_extend_pages(prefix_lens, seq_lens)
         if full is None or swa is None:  # cannot happen after the check above
             raise MemoryModelError("lockstep extend failed after the availability check")
+        pending = self._pending
         for f, s in zip(full, swa):
-            self._map(f, s)
+            if len(f) >= self.pending_run_pages:
+                pending.append((f, s))
+            else:
+                self._map(f, s)
         return full
 
     def alloc_decode_pages(self, seq_lens) -> list[int | None] | None:
@@ -163,7 +196,7 @@ class SWAKVPools(PlainKVPools):
         full = self.full.alloc_flagged_pages(flags, need)
         swa = self.swa.alloc_flagged_pages(flags, need)
         if need:
-            mapping = self.mapping
+            mapping = self._mapping  # fresh pages: no pending run holds them
             for f, s in zip(full, swa):
                 if f is not None:
                     mapping[f] = s
@@ -217,26 +250,65 @@ class SWAKVPools(PlainKVPools):
         """Free the SWA peers of full page lists: read and clear the mapping, free entries > 0.
 
         SGLang would free page 0 for an unmapped entry (sgl-project/sglang#38519); the model
-        skips it and counts it in ``num_unmapped_swa_frees``. One release for all chunks.
+        skips it and counts it in ``num_unmapped_swa_frees``. One release for all chunks. A chunk
+        holding a pending run's leading pages takes their SWA pages from the run (a slice); an
+        entry that reads 0 while runs are pending is read again after they are written.
 
         Returns:
             SWA pages freed.
-        Mutates: the mapping, the SWA free list (or its open group).
+        Mutates: the mapping (or the pending runs), the SWA free list (or its open group).
         """
-        mapping, out, freed = self.mapping, [], 0
+        out, freed = [], 0
         for chunk in chunks:
-            live = []
-            for f in chunk:
-                s = mapping[f]
-                if s:
-                    live.append(s)
-                    mapping[f] = 0
-                else:
-                    self.num_unmapped_swa_frees += 1
+            live = self._pending_prefix(chunk) if self._pending and len(chunk) >= self.pending_run_pages else None
+            if live is None:
+                live = []
+                self._read_clear(chunk, live)
             out.append(live)
             freed += len(live)
         self.swa.free_page_chunks(out)
         return freed
+
+    def _read_clear(self, chunk: Sequence[int], live: list[int]) -> None:
+        """Append the SWA peers of ``chunk`` to ``live`` and clear their entries."""
+        mapping = self._mapping
+        for f in chunk:
+            s = mapping[f]
+            if s:
+                live.append(s)
+                mapping[f] = 0
+            else:
+                if self._pending:  # a pending run's page: written now, read again
+                    self._write_pending()
+                    s = mapping[f]
+                    if s:
+                        live.append(s)
+                        mapping[f] = 0
+                        continue
+                self.num_unmapped_swa_frees += 1
+
+    def _pending_prefix(self, chunk: Sequence[int]) -> list[int] | None:
+        """The SWA peers of ``chunk`` (as ``_read_clear`` reads them) when it holds a pending
+        run's leading pages, those taken from the run by slicing (the run keeps the rest); None
+        (nothing changed) when it holds none."""
+        for r, (f, s) in enumerate(self._pending):
+            head = f[0]
+            if head not in chunk:
+                continue
+            j = chunk.index(head)
+            k = min(len(f), len(chunk) - j)
+            if chunk[j:j + k] != f[:k]:
+                continue
+            if k < len(f):
+                self._pending[r] = (f[k:], s[k:])
+            else:
+                del self._pending[r]
+            live: list[int] = []
+            self._read_clear(chunk[:j], live)
+            live += s[:k]
+            self._read_clear(chunk[j + k:], live)
+            return live
+        return None
 
     def free_full_chunks(self, chunks: Sequence[Sequence[int]]) -> None:
         """Free full pages whose SWA peers are already gone.
@@ -245,7 +317,7 @@ class SWAKVPools(PlainKVPools):
             MemoryModelError: when a page still has an SWA peer (it would be stranded).
         Mutates: the full free list.
         """
-        mapping = self.mapping
+        mapping = self.mapping if any(chunks) else self._mapping
         for chunk in chunks:
             for f in chunk:
                 if mapping[f]:
