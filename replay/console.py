@@ -34,6 +34,16 @@ def progress_stream():
     return _TERMINAL if _TERMINAL is not None else sys.stderr
 
 
+def no_progress_monitor() -> None:
+    """Keep tqdm from starting its monitor thread (``tqdm.monitor_interval = 0``, tqdm's own
+    switch; the bars here set ``mininterval`` and need none): a replay's process stays
+    single-threaded, so the reference backend may fork the process that keys its requests
+    (:mod:`replay.backends.reference.keystream`)."""
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0
+
+
 class Capture:
     """The outcome of :func:`third_party_to_log`: ``path`` of the kept log (or ``None``)."""
 
@@ -120,4 +130,4 @@ def _keep(tmp: Path, final: Path | None) -> Path | None:
         return tmp if tmp.exists() else None
 
 
-__all__ = ["Capture", "progress_stream", "third_party_to_log"]
+__all__ = ["Capture", "no_progress_monitor", "progress_stream", "third_party_to_log"]

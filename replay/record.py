@@ -102,8 +102,9 @@ def record_workload(workload: str | Path, out: str | Path, *, backend: str = "sg
     if progress:
         from tqdm import tqdm
 
-        from replay.console import progress_stream
+        from replay.console import no_progress_monitor, progress_stream
 
+        no_progress_monitor()
         bar = tqdm(total=len(wl.requests), unit="req", desc="record", leave=False, disable=None,
                    mininterval=0.5, file=progress_stream())
     kw = {"incident": incident, "incident_every": incident_every} if incident else {}

@@ -169,8 +169,9 @@ class _Progress:
     def __init__(self, total: int, first_ns: int, last_ns: int) -> None:
         from tqdm import tqdm
 
-        from replay.console import progress_stream
+        from replay.console import no_progress_monitor, progress_stream
 
+        no_progress_monitor()
         self.bar = tqdm(total=total, unit="req", desc="replay", leave=False, mininterval=0.5,
                         disable=None, file=progress_stream())
         self.first_ns, self.done, self.calls = first_ns, 0, 0

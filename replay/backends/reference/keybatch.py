@@ -36,10 +36,10 @@ class _Plan:
     """One request's keys as planned: ``adopted`` leading keys from ``donor`` (a plan), then
     ``count`` keys chained from its digests (at ``off`` in its batch's chain array)."""
 
-    __slots__ = ("rid", "pages", "donor", "adopted", "count", "chains", "off", "prev", "done", "keys")
+    __slots__ = ("rid", "index", "pages", "donor", "adopted", "count", "chains", "off", "prev", "done", "keys")
 
-    def __init__(self, rid: int, pages: int) -> None:
-        self.rid, self.pages = rid, pages
+    def __init__(self, rid: int, pages: int, index: int = 0) -> None:
+        self.rid, self.pages, self.index = rid, pages, index
         self.donor, self.adopted, self.count = None, 0, 0
         self.chains, self.off, self.prev, self.done = None, 0, 0, False
         self.keys: list[int] | None = None
@@ -151,6 +151,18 @@ def _scatter(d: np.ndarray, runs: list[tuple], values: np.ndarray) -> None:
 def build_rows(workload, page_size: int, requests) -> dict[int, list[int]]:
     """rid -> the keys of the request's whole planned sequence, for ``requests`` in arrival
     order (see the module docstring)."""
+    rows: dict[int, list[int]] = {}
+    for plans, keys in key_batches(workload, page_size, requests):
+        list_batch(plans, keys.tolist(), rows)
+    return rows
+
+
+def key_batches(workload, page_size: int, requests, first_batch_pages: int | None = None):
+    """The keys of ``requests`` (in arrival order), batch by batch: per batch its plans (each
+    with its ``index`` in ``requests``, its ``donor`` plan and ``adopted`` leading keys, and its
+    ``count`` own keys at ``off``) and its own keys (uint64, the plans' runs in order). With
+    ``first_batch_pages``, the first batch holds about that many pages and each next one twice
+    the last's, up to :data:`BATCH_PAGES` (a batch's size changes no key)."""
     from replay.backends.sglang.tokens import TokenSynth
 
     synth = TokenSynth(workload)
@@ -158,22 +170,23 @@ def build_rows(workload, page_size: int, requests) -> dict[int, list[int]]:
     # id(PageKeys) -> its plan: a donor is alive (``donors`` holds it), and a PageKeys made
     # after one was freed writes its own entry before anything looks it up
     plans: dict[int, _Plan] = {}
-    rows: dict[int, list[int]] = {}
+    limit = BATCH_PAGES if first_batch_pages is None else max(1, min(first_batch_pages, BATCH_PAGES))
     batch = _Batch(page_size, synth.block_tokens)
-    for w in requests:
+    for i, w in enumerate(requests):
         plan_out = output_plan(w)
         n_in = int(w.input_len)
         pk = PageKeys(LazyPrompt(synth, w, n_in), page_size, plan_out, SequenceOrigins(synth, w))
         donors.adopt(pk, w)
-        plan = _Plan(int(w.rid), (n_in + len(plan_out)) // page_size)
+        plan = _Plan(int(w.rid), (n_in + len(plan_out)) // page_size, i)
         plans[id(pk)] = plan
         _adopt(plan, pk, plans)
         batch.add(plan, pk)
-        if batch.pages >= BATCH_PAGES:
-            _key_batch(batch, rows)
+        if batch.pages >= limit:
+            yield batch.plans, _key_batch(batch)
             batch = _Batch(page_size, synth.block_tokens)
-    _key_batch(batch, rows)
-    return rows
+            limit = min(2 * limit, BATCH_PAGES)
+    if batch.plans:
+        yield batch.plans, _key_batch(batch)
 
 
 def _adopt(plan: _Plan, pk: PageKeys, plans: dict) -> None:
@@ -188,11 +201,10 @@ def _adopt(plan: _Plan, pk: PageKeys, plans: dict) -> None:
         PageKeys.adopted_pages += shared
 
 
-def _key_batch(batch: _Batch, rows: dict) -> None:
-    """Chain, mix and list the keys of ``batch`` (its donors planned by now)."""
+def _key_batch(batch: _Batch) -> np.ndarray:
+    """Chain and mix the keys of ``batch`` (its donors planned by now): its plans' own keys, in
+    order (each plan's ``count`` at its ``off``)."""
     plans = batch.plans
-    if not plans:
-        return
     total = batch.pages
     lens = np.fromiter((p.count for p in plans), dtype=np.int64, count=len(plans))
     starts = np.fromiter((p.off for p in plans), dtype=np.int64, count=len(plans))
@@ -214,9 +226,16 @@ def _key_batch(batch: _Batch, rows: dict) -> None:
             prevs[i] = p.prev
     if total:
         chains += pw[local + 1] * np.repeat(prevs, lens)
-    keys = chain_values_to_keys(chains).tolist() if total else []
     for p in plans:
         p.done = True  # its chains carry their start values now
+    return chain_values_to_keys(chains) if total else np.zeros(0, dtype=np.uint64)
+
+
+def list_batch(plans: list[_Plan], keys: list[int], rows: dict) -> None:
+    """Each plan's keys as a list into ``rows`` (rid -> keys) and its ``keys``: its donor's
+    adopted leading keys (the donor's own int objects), then its own (``keys``: the batch's own
+    keys as ints)."""
+    for p in plans:
         own = keys[p.off:p.off + p.count]
         if p.donor is not None:
             row = p.donor.keys[:p.adopted]
@@ -225,4 +244,4 @@ def _key_batch(batch: _Batch, rows: dict) -> None:
         p.keys = rows[p.rid] = own
 
 
-__all__ = ["BATCH_PAGES", "build_rows"]
+__all__ = ["BATCH_PAGES", "build_rows", "key_batches", "list_batch"]

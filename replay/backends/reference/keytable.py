@@ -5,7 +5,9 @@ a production hour's replay. The keys are a function of the workload and the page
 the runs of one sweep (a plan's splits, a capacity sweep's sizes) would compute the same keys
 each. A run with no table keys every request before its first step (:func:`for_run`: the loop
 that follows is faster than one keying each request as it reaches it, with the same keying
-work), or, past :data:`MAX_RUN_PAGES` keys, each request's pages as it needs them. A sweep's zygote
+work; a large table is keyed by a forked process beside the run's first steps,
+:mod:`replay.backends.reference.keystream`), or, past :data:`MAX_RUN_PAGES` keys, each request's
+pages as it needs them. A sweep's zygote
 computes them once (:func:`build`: each request's whole planned sequence, prompt then outputs)
 and :func:`install`\\ s the table before it forks the runs; a run whose workload and page size
 have a table (:func:`lookup`: the same workload object, which ``replay.workloads.preload_workload``
@@ -183,17 +185,25 @@ def _shared_rows(workload, share: list, offsets: np.ndarray, keys: np.ndarray) -
 MAX_RUN_PAGES = 32_000_000
 
 
-def for_run(workload, page_size: int) -> KeyTable | None:
-    """The table one run of ``workload`` keys before its first step (None: it keys each request
-    as it needs its pages, :class:`PageKeys` with ``KeyDonors``): every request's keys at once,
-    as a sweep's zygote keys them, when they number at most :data:`MAX_RUN_PAGES` and the rids
-    are unique. Measured on ``production_1h`` (figures-only, swa-fixes), three runs each
-    alternating: 16.4 s with the keys taken first (2.2 s of it keying), 18.1 s keying each
-    request at its arrival, with the same keying work (docs/capacity.md, "Session 24"); the
-    keys are kept for the run's length (+180 MB there)."""
-    if planned_pages(workload, page_size) > MAX_RUN_PAGES:
+def for_run(workload, page_size: int):
+    """The keys one run of ``workload`` reads, or None (it keys each request as it needs its
+    pages, :class:`PageKeys` with ``KeyDonors``): every request's, as a sweep's zygote keys them,
+    when they number at most :data:`MAX_RUN_PAGES` and the rids are unique. From
+    ``keystream.MIN_STREAM_PAGES`` keys on (where a process can be forked), a forked process
+    keys them while the run starts (a :class:`replay.backends.reference.keystream.KeyStream`,
+    which the run closes); fewer are keyed before the run's first step (a :class:`KeyTable`).
+    Measured on ``production_1h`` (figures-only, swa-fixes): 16.4 s with the keys taken first
+    (2.2 s of it keying), 18.1 s keying each request at its arrival, with the same keying work
+    (docs/capacity.md, "Session 24"); keyed beside the run, 1.08x less wall than taken first
+    ("Session 26"). The keys are kept for the run's length (+180 MB there)."""
+    from replay.backends.reference import keystream
+
+    planned = planned_pages(workload, page_size)
+    if planned > MAX_RUN_PAGES:
         return None
     try:
+        if keystream.can_stream(planned):
+            return keystream.KeyStream(workload, page_size, planned)
         return build(workload, page_size)
     except ValueError:  # rids repeat: each request keyed as the run reaches it
         return None

@@ -106,6 +106,9 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         return self
 
     def __exit__(self, *exc) -> None:
+        close = getattr(self._key_table, "close", None)  # a key stream's process (``keystream``)
+        if close is not None:
+            close()
         return None
 
     # ---------------------------------------------------------------- public API
