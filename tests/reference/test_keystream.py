@@ -140,6 +140,20 @@ def test_for_run_streams_large_tables_only_where_it_can(monkeypatch):
         table.close()
 
 
+def test_for_run_keys_first_when_no_process_can_be_forked(monkeypatch):
+    wl = read_workload(WORKLOADS / "mixed")
+    monkeypatch.setattr(keystream, "MIN_STREAM_PAGES", 0)
+    monkeypatch.setattr(keystream.threading, "active_count", lambda: 1)
+
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(keystream.os, "fork", no_fork)
+    table = keytable.for_run(wl, 16)
+    assert isinstance(table, keytable.KeyTable)
+    assert table.of(int(wl.requests[0].rid)) == keybatch.build_rows(wl, 16, wl.requests[:1])[int(wl.requests[0].rid)]
+
+
 @pytest.mark.parametrize("policy", ("swa-fixes", "baseline"))
 def test_a_figures_only_replay_reads_the_same_figures(policy, tmp_path, monkeypatch):
     from replay.runs.replay import replay_run

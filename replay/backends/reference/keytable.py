@@ -203,7 +203,10 @@ def for_run(workload, page_size: int):
         return None
     try:
         if keystream.can_stream(planned):
-            return keystream.KeyStream(workload, page_size, planned)
+            try:
+                return keystream.KeyStream(workload, page_size, planned)
+            except OSError:  # no process or shared memory to be had: keyed first
+                pass
         return build(workload, page_size)
     except ValueError:  # rids repeat: each request keyed as the run reaches it
         return None
