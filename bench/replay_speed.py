@@ -59,8 +59,20 @@ stretch's plain steps in one loop); mixed 211.7x / 303.4x / 405.0x before, 217.4
 ``--coalescing figures`` back to back: production_1h 367.4x -> 431.0x, mixed 413.2x -> 511.5x
 (docs/capacity.md "Session 25").
 
-Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is not met on
-production_1h (431-445x figures-only); mixed is at its edge (471-511x figures-only).
+Session 26, 2026-12-06 (this VM's speed swung ~1.25x within the hour), after lazily mapped SWA
+extend runs, the key table keyed beside the run (``keystream``) and two inlined tree paths:
+``--coalescing figures`` back to back with 67f6cb2 (session 25's head), three rounds each at
+03:55-03:58 UTC (a slow phase): production_1h 404.2 / 396.8 / 372.3x -> **452.4 / 448.8 /
+440.6x**, mixed 464.6 / 492.1 / 480.8x -> 515.4 / 467.4 / 488.0x (noise); at 03:30 UTC (a fast
+phase, before the inlined paths) production_1h read 517.1x and 498.2x against 455.7x and 476.4x.
+The default command (off,on,figures in one process: the figures-only run third) at 03:54 UTC:
+production_1h 188.9 / 282.1 / 381.7x -> 224.5 / 308.4 / 430.3x (36.8 / 24.3 / 17.0 -> 30.5 /
+22.2 / 16.2 CPU s, the key stream's process included), the same 383,248 steps; mixed 213.5 /
+246.9 / 479.6x -> 201.9 / 287.8 / 471.8x (docs/capacity.md "Session 26").
+
+Issue 26's target (>= 500x real time on ``production_1h`` and ``mixed``) is met on both only in
+this VM's fast phases (production_1h 498-517x, mixed 502-551x figures-only); in a slow phase
+production_1h reads 441-452x and mixed 467-515x.
 """
 
 from __future__ import annotations
