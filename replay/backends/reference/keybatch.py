@@ -236,12 +236,18 @@ def list_batch(plans: list[_Plan], keys: list[int], rows: dict) -> None:
     adopted leading keys (the donor's own int objects), then its own (``keys``: the batch's own
     keys as ints)."""
     for p in plans:
-        own = keys[p.off:p.off + p.count]
-        if p.donor is not None:
-            row = p.donor.keys[:p.adopted]
-            row += own
-            own = row
-        p.keys = rows[p.rid] = own
+        p.keys = rows[p.rid] = row_of(p.donor.keys if p.donor is not None else None, p.adopted,
+                                      keys[p.off:p.off + p.count])
 
 
-__all__ = ["BATCH_PAGES", "build_rows", "key_batches", "list_batch"]
+def row_of(donor_keys: list[int] | None, adopted: int, own: list[int]) -> list[int]:
+    """A request's keys: its donor's first ``adopted`` keys (the donor's own int objects, None:
+    no donor), then ``own`` (a list the row may take over)."""
+    if donor_keys is None:
+        return own
+    row = donor_keys[:adopted]
+    row += own
+    return row
+
+
+__all__ = ["BATCH_PAGES", "build_rows", "key_batches", "list_batch", "row_of"]

@@ -137,12 +137,8 @@ class KeyStream:
         own_all = self._keys[k0:keys_end].tolist()
         for j in range(self._listed, done):
             donor, adopted, off, count = meta[j].tolist()
-            own = own_all[off - k0:off - k0 + count]
-            if donor >= 0:
-                row = rows[donor][:adopted]
-                row += own
-                own = row
-            rows[j] = own
+            rows[j] = keybatch.row_of(rows[donor] if donor >= 0 else None, adopted,
+                                      own_all[off - k0:off - k0 + count])
         self._listed, self._keys_listed = done, keys_end
         self._release(keys_end * 8)
         if done == len(rows):

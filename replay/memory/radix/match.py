@@ -164,34 +164,16 @@ class MatchMixin:
             return None
         hits = self.walk_memo_hits
         bests = []
-        version = self.version  # no walk here splits: it stays
         for key in keys:
             if type(key) is not GrowingKeys:
                 self.walk_memo_hits = hits
                 return None
-            # ``_memo(key, len(key))`` inlined (a refresh validates 128 walks)
-            memo = key.walks.get(len(key))
-            walk = None
-            if memo is not None and memo[0] is self:
-                taken = memo[1]
-                if taken == version:
-                    walk = memo[2]
-                else:
-                    end = memo[4]
-                    if end is None or end.children.get(key[memo[5]]) is None:
-                        for x in memo[3]:
-                            if x.mod > taken:
-                                break
-                        else:
-                            memo[1] = version
-                            walk = memo[2]
+            walk = self._memo(key, len(key))
             if walk is None:  # walked again, as a pure read (then memoized), unless it must split
                 walk = self._match_walk(key, split=False)
                 if walk is None:
                     self.walk_memo_hits = hits
                     return None
-            else:
-                self.walk_memo_hits += 1
             bests.append(walk[1])
         return bests
 
