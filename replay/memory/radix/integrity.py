@@ -84,6 +84,7 @@ class IntegrityMixin:
             _fail("root device-children count drifted")
         if self.root.mod > self.version:
             _fail("the root's walk stamp is ahead of the tree version")
+        self._check_end_watch(self.root)
         if nodes != self.num_nodes:
             _fail(f"node count {self.num_nodes} != walked {nodes}")
         for name, got, want in (
@@ -148,6 +149,7 @@ class IntegrityMixin:
             _fail(f"{node}: device-children count drifted")
         if node.mod > self.version:
             _fail(f"{node}: walk stamp {node.mod} is ahead of the tree version {self.version}")
+        self._check_end_watch(node)
         if node.full_lock < 0 or node.swa_lock < 0:
             _fail(f"{node}: negative lock count")
         if sum(c.full_lock for c in node.children.values()) > node.full_lock:
@@ -160,6 +162,15 @@ class IntegrityMixin:
             _fail(f"{node}: device SWA without device FULL")
         if not self.swa_tree and (node.swa is not None or node.swa_lock or node.swa_host):
             _fail(f"{node}: SWA state in a tree without an SWA component")
+
+    def _check_end_watch(self, node) -> None:
+        """No live walk memo says ``node`` lacks a child it has (``Node.end_watch``)."""
+        ends = node.end_watch
+        if not ends:
+            return
+        for page, memos in ends.items():
+            if page in node.children and any(m[0] is self for m in memos):
+                _fail(f"{node}: a live walk memo stopped here for want of the child it has for page {page}")
 
     def _check_mapping(self, census: TreeCensus) -> None:
         if not self.swa_tree:

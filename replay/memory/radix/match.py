@@ -17,20 +17,22 @@ class GrowingKeys(list):
     changed in place (a split gives both halves new lists), so the same pair is not compared
     again (a waiting request is matched on every step and by every prefix refresh).
 
-    ``walks`` (pages matched -> [tree, version, walk result, nodes read, end node, end page
-    offset]) remembers the last walk of each length. A walk reads, of each node it reaches
-    through its parent's children entry for the next page (every node on its path, and the
-    child it stopped at for holding no FULL on either tier), the key, which components it
-    holds and its FULL value list; and, where it stopped for want of a child, the end node's
-    (missing) entry for the next page. Every change to a node's own state bumps
-    ``RadixTree.version`` and stamps the node with it (``Node.mod``: a split stamps both
-    halves, a node removed from its parent's children is stamped), so an entry a walk
-    followed cannot change unstamped either; a missing entry is looked up again. So while no
-    node on the path has a later ``mod`` than the memo's version and the end node still has no
-    child for that page, the walk would return the same result and is not repeated (a waiting
-    request refused step after step, or refreshed by the waiting queue's prefix walk, while
-    the tree changes elsewhere). A walk that split a node is not remembered. The walk's
-    effects (SWA LRU refresh, recency stamps) are applied on every match all the same.
+    ``walks`` (pages matched -> [tree, walk result]) remembers the last walk of each length. A
+    walk reads, of each node it reaches through its parent's children entry for the next page
+    (every node on its path, and the child it stopped at for holding no FULL on either tier),
+    the key, which components it holds and its FULL value list; and, where it stopped for want
+    of a child, the end node's (missing) entry for the next page. Every change to a node's own
+    state goes through ``RadixTree._changed`` (a split changes the child it cuts, a node
+    removed from its parent's children is changed), so an entry a walk followed cannot change
+    unnoticed either; the only other change a walk can see is a new child for the page it
+    found missing (``RadixTree._add_leaf``). The memo is entered in ``Node.watch`` of each node
+    on its path and in the end node's ``Node.end_watch`` under that page, and each of those
+    changes voids the memos entered there (:func:`void_memos`: the tree slot becomes None). So
+    while a memo is not void, the walk would return the same result and is not repeated (a
+    waiting request refused step after step, or refreshed by the waiting queue's prefix walk,
+    while the tree changes elsewhere), and checking it costs one lookup. A walk that split a
+    node is not remembered. The walk's effects (SWA LRU refresh, recency stamps) are applied on
+    every match all the same.
     """
 
     __slots__ = ("verified", "walks")
@@ -39,6 +41,21 @@ class GrowingKeys(list):
         super().__init__(*args)
         self.verified: dict = {}
         self.walks: dict = {}
+
+
+def void_memos(memos: list) -> None:
+    """Void walk memos (``GrowingKeys.walks`` entries) a tree change made stale."""
+    for memo in memos:
+        memo[0] = memo[1] = None
+
+
+def _watch(memos: list, memo: list) -> None:
+    """Enter ``memo`` in a watch list, dropping the void ones at each power-of-two length from 64
+    (memos whose walk is never asked again stay until the node changes)."""
+    memos.append(memo)
+    n = len(memos)
+    if n >= 64 and not n & (n - 1):
+        memos[:] = [m for m in memos if m[0] is not None]
 
 
 class MatchMixin:
@@ -112,17 +129,8 @@ class MatchMixin:
         memo = key.walks.get(n)
         if memo is None or memo[0] is not self:
             return None
-        taken, version = memo[1], self.version
-        if taken != version:
-            end = memo[4]
-            if end is not None and end.children.get(key[memo[5]]) is not None:
-                return None
-            for x in memo[3]:
-                if x.mod > taken:
-                    return None
-            memo[1] = version  # valid now: checked from here on
         self.walk_memo_hits += 1
-        return memo[2]
+        return memo[1]
 
     def touch_many(self, keys: list) -> list:
         """``touch`` of each key in turn, exactly, with the recency effects applied once per node.
@@ -307,7 +315,23 @@ class MatchMixin:
                 break
         result = values, best, best_dev, best_dev_chunks, full_hit_pages
         if version is not None and self.version == version:  # no split: the walk is a pure read
-            key.walks[n] = [self, version, result, path, end, off]
+            key.walks[n] = memo = [self, result]
+            for x in path:
+                watch = x.watch
+                if watch is None:
+                    x.watch = [memo]
+                else:
+                    _watch(watch, memo)
+            if end is not None:
+                ends = end.end_watch
+                if ends is None:
+                    end.end_watch = {key[off]: [memo]}
+                else:
+                    watch = ends.get(key[off])
+                    if watch is None:
+                        ends[key[off]] = [memo]
+                    else:
+                        _watch(watch, memo)
         return result
 
     def peek(self, key: list[int], limit: int | None = None) -> MatchResult | None:

@@ -21,7 +21,7 @@ class Node:
     __slots__ = (
         "id", "parent", "children", "key", "full", "swa", "full_host", "swa_host",
         "full_lock", "swa_lock", "swa_uuid", "last_access", "creation_time", "hit_count",
-        "priority", "lru_prev", "lru_next", "heap_ver", "dev_children", "wt_pending", "mod",
+        "priority", "lru_prev", "lru_next", "heap_ver", "dev_children", "wt_pending", "mod", "watch", "end_watch",
     )
 
     def __init__(self, node_id: int, key: list[int], parent: Node | None, now: float):
@@ -49,6 +49,11 @@ class Node:
         # key, which components it holds, its FULL list) or of its removal from the tree: a
         # walk memo that read the node is valid while this is at most the memo's version
         self.mod = 0
+        # the walk memos that read this node (``GrowingKeys.walks`` entries), voided by the
+        # node's next change (``RadixTree._changed``); and, by page, those that stopped under it
+        # for want of a child for that page, voided when such a child is added (``_add_leaf``)
+        self.watch: list | None = None
+        self.end_watch: dict | None = None
 
     @property
     def num_pages(self) -> int:

@@ -16,7 +16,7 @@ from replay.memory.radix.hicache import HiCacheMixin
 from replay.memory.radix.insert import InsertMixin
 from replay.memory.radix.integrity import IntegrityMixin
 from replay.memory.radix.locks import LockMixin, TreeLock
-from replay.memory.radix.match import MatchMixin
+from replay.memory.radix.match import MatchMixin, void_memos
 from replay.memory.radix.node import DEVICE_LRU, HOST_LRU, LRUList, Node
 from replay.memory.results import MemoryModelError
 
@@ -117,9 +117,14 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
 
     def _changed(self, node: Node) -> None:
         """Bump ``version`` and stamp ``node`` with it (``Node.mod``): a change a match walk reads
-        of ``node`` (its key, which components it holds, its FULL list, its removal)."""
+        of ``node`` (its key, which components it holds, its FULL list, its removal); the walk
+        memos that read it are void."""
         self.version += 1
         node.mod = self.version
+        watch = node.watch
+        if watch is not None:
+            node.watch = None
+            void_memos(watch)
 
     # ---- ledger-keeping setters --------------------------------------------------------
 
@@ -322,6 +327,10 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         # walk-visible changes: the child's key and values, the new node (the parent's entry
         # for the first page now leads to ``new``: a walk that took it read ``child``)
         child.mod = new.mod = self.version
+        watch = child.watch
+        if watch is not None:
+            child.watch = None
+            void_memos(watch)
         if new.swa is not None:
             self.swa_lru.insert_after(child, new)
         elif new.swa_host is not None:
@@ -341,7 +350,12 @@ class RadixTree(MatchMixin, InsertMixin, EvictMixin, HiCacheMixin, LockMixin, In
         node = self._new_node(key, parent)
         node.priority = priority
         parent.children[key[0]] = node
-        # no stamp: a walk memo that found no child here looks the entry up again
+        # no stamp: only the walk memos that found no child here for this page are void
+        ends = parent.end_watch
+        if ends is not None:
+            watch = ends.pop(key[0], None)
+            if watch is not None:
+                void_memos(watch)
         self._set_full(node, pages)
         self.num_nodes += 1
         self._update_leaf_sets(node)
