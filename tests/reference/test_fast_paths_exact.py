@@ -1,10 +1,11 @@
 """The reference backend's fast paths are exact: a run with them (decode-step coalescing,
 ``decode_coalescing=on``, :mod:`replay.backends.reference.coalesce`; the radix walk memo,
-``GrowingKeys.walks``, valid while no node the walk read has changed) writes the same rows, row
-for row (timestamps and sequence numbers included), as a run without any (step by step, every
-walk done), on the 20 differential cases, the bundled workloads and Hypothesis workloads, under
+``GrowingKeys.walks``, valid while no node the walk read has changed; node keys compared at
+their last page, ``RadixTree.chained_keys``) writes the same rows, row for row (timestamps and
+sequence numbers included), as a run without any (step by step, every walk done, keys compared
+page by page), on the 20 differential cases, the bundled workloads and Hypothesis workloads, under
 the presets baseline, swa-fixes and eic; and the stretches do run (most steps of a pressured SWA
-run are coalesced). One comparison covers both fast paths (it replaced the walk memo's own test)."""
+run are coalesced). One comparison covers the fast paths (it replaced the walk memo's own test)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from replay.backends.reference.scheduler import ReferenceBackend
 from replay.backends.sglang.workload import write_workload
 from replay.memory.radix.tree import RadixTree
 from tests.differential.cases import CASES, write_case_workload
@@ -27,11 +29,11 @@ BUNDLED = ("agentic", "long_context", "mixed", "multi_turn", "shared_prefix")  #
 
 def _both(tmp_path, workload, policy, sets=(), max_requests=None):
     on = reference_rows(workload, tmp_path / "on", policy, [*sets, "decode_coalescing=on"], max_requests)
-    RadixTree.walk_memo = False
+    RadixTree.walk_memo = ReferenceBackend.chained_keys = False
     try:
         off = reference_rows(workload, tmp_path / "off", policy, [*sets, "decode_coalescing=off"], max_requests)
     finally:
-        RadixTree.walk_memo = True
+        RadixTree.walk_memo = ReferenceBackend.chained_keys = True
     return on, off
 
 
@@ -106,12 +108,12 @@ def test_fast_paths_exact_on_hypothesis_workloads(tmp_path_factory, seed, ps, wi
         # into a 7-slot SWA pool and needs 4 slots with 3 free, on both backends): the failure is
         # the model's, so the run without fast paths must fail the same way at the same step
         assert "stalled at step" in str(e) or "does not fit after eviction" in str(e), e
-        RadixTree.walk_memo = False
+        RadixTree.walk_memo = ReferenceBackend.chained_keys = False
         try:
             with pytest.raises(RuntimeError) as off_err:
                 reference_rows(tmp / "wl", tmp / "off2", policy, [*sets, "decode_coalescing=off"])
         finally:
-            RadixTree.walk_memo = True
+            RadixTree.walk_memo = ReferenceBackend.chained_keys = True
         assert str(off_err.value) == str(e)
         return
     assert first_difference(on, off) is None, first_difference(on, off)

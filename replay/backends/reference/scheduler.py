@@ -50,6 +50,11 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         check_integrity_every: run :meth:`check_integrity` every N steps (0 = never).
     """
 
+    #: this backend's page keys are chained (:mod:`replay.backends.reference.keys`), so its tree
+    #: compares a node key at its last page (``RadixTree.chained_keys``); off only to test that
+    #: it is exact
+    chained_keys = True
+
     def __init__(self, workload, settings: ReferenceSettings | None = None, *, observer=None,
                  check_integrity_every: int = 0) -> None:
         self.workload = workload
@@ -62,6 +67,8 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
         s = self.settings
         self.model = KVCacheModel(s.memory_config())
+        if self.model.tree is not None:
+            self.model.tree.chained_keys = self.chained_keys
         # ``pool`` rows: every allocator and host pool of the model emits its alloc/free through
         # the tracer (a no-op when not recording), as the real allocators' hooks do; a figures-only
         # run's sink reads only the host pools' (their allocator CPU)

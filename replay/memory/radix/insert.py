@@ -14,6 +14,7 @@ Semantics (DESIGN.md §4.3, SGLang ``checkpoint_into_tree``), re-implemented:
 
 from __future__ import annotations
 
+from replay.memory.radix.match import chained_common
 from replay.memory.results import InsertResult
 
 
@@ -70,6 +71,7 @@ class InsertMixin:
         prev_pages = prev_prefix_tokens // ps
         ws_pages = swa_evicted_tokens // ps
         node, pos, dups = root, 0, 0
+        chained = self.chained_keys
         while pos < n:
             child = node.children.get(key[pos])
             if child is None:
@@ -77,7 +79,12 @@ class InsertMixin:
             child.last_access = self.tick()
             ck = child.key
             m = len(ck)
-            if pos + m > n or ck != key[pos : pos + m]:  # (the key may run past ``n``)
+            if chained:
+                if pos + m > n:  # (the key may run past ``n``)
+                    m = n - pos
+                if ck[m - 1] != key[pos + m - 1]:
+                    m = chained_common(ck, key, pos, m)
+            elif pos + m > n or ck != key[pos : pos + m]:
                 m = 0
                 limit = min(len(ck), n - pos)
                 while m < limit and ck[m] == key[pos + m]:

@@ -43,6 +43,22 @@ class GrowingKeys(list):
         self.walks: dict = {}
 
 
+def chained_common(ck: list[int], key: list[int], off: int, lim: int) -> int:
+    """The pages node key ``ck`` and ``key[off:]`` share, of the first ``lim`` (``ck[0] ==
+    key[off]``), for chained keys (``MatchMixin.chained_keys``: a page key equal means every
+    key before it equal, so the shared pages are found by bisection)."""
+    if ck[lim - 1] == key[off + lim - 1]:
+        return lim
+    lo, hi = 1, lim - 1  # ck[:lo] equal, ck[hi] not
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if ck[mid] == key[off + mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def void_memos(memos: list) -> None:
     """Void walk memos (``GrowingKeys.walks`` entries) a tree change made stale."""
     for memo in memos:
@@ -66,6 +82,11 @@ class MatchMixin:
     walk_memo = True
     #: walks answered from the memo (a count for tests and profiles)
     walk_memo_hits = 0
+    #: the keys are chained (a page's key hashes everything up to the page's end, as the
+    #: reference backend's, :mod:`replay.backends.reference.keys`): equal keys at a page mean
+    #: equal keys before it, so a node key is compared with a key at its last page, and a partial
+    #: match found by bisection (:func:`chained_common`); False compares page by page
+    chained_keys = False
     #: inside ``touch_many``: the best nodes of the touches not yet applied, which a walk applies
     #: before it splits a node (a split copies a node's stamps); None outside it
     _touch_pending: list | None = None
@@ -240,6 +261,7 @@ class MatchMixin:
                 if memo is not None:
                     return memo
         ps, window, swa, hicache = self.ps, self.window_tokens, self.swa_tree, self.hicache
+        chained = self.chained_keys
         node, off = self.root, 0
         path = []  # the nodes whose own state the walk reads
         end = None  # the node under which it found no child for the next page
@@ -258,7 +280,12 @@ class MatchMixin:
                 break
             ck = child.key
             m = len(ck)
-            if m > n - off:  # the node reaches past the key (or its limit): a partial match
+            if chained:
+                if m > n - off:  # the node reaches past the key (or its limit): a partial match
+                    m = n - off
+                if ck[m - 1] != key[off + m - 1]:
+                    m = chained_common(ck, key, off, m)
+            elif m > n - off:  # the node reaches past the key (or its limit): a partial match
                 m, lim = 0, n - off
                 while m < lim and ck[m] == key[off + m]:
                     m += 1
