@@ -54,6 +54,9 @@ def _pairs(wl, ps: int) -> tuple[list, int, int]:
             assert len(real) == len(req.plan) and [t == 0 for t in real] == [t == 0 for t in req.plan]
             whole = PageKeys(be._synth._sequence(req.wreq, req.input_len), ps, real)
             keys, outputs = lazy[req.rid]
+            third = req.input_len // 3  # a prefix's reader: the own list, at least that long, no copy
+            c = keys.covering(third)
+            assert c is keys.keys and len(c) >= third // ps and c[: third // ps] == keys.up_to(third)
             a = keys.up_to(req.input_len // 2)  # lazily, in two pieces, as a chunked prefill
             assert a == keys.up_to(req.input_len)[:len(a)]
             outputs.extend(req.plan)  # the output pages, as the decode appends them

@@ -341,6 +341,15 @@ class PageKeys:
         bt = self._origins.block_tokens
         return self.ps % bt == 0 or bt % self.ps == 0
 
+    def covering(self, num_tokens: int) -> list[int]:
+        """The object's own key list once it holds at least the keys of the full pages within the
+        first ``num_tokens`` tokens (it may hold more: for a reader of that prefix only, as the
+        memory model's checkpoint and finish, ``replay.memory.model._held``), without a copy."""
+        keys, total = self.keys, self.prompt_len + len(self.extra)
+        if len(keys) < (num_tokens if num_tokens < total else total) // self.ps:
+            self.up_to(num_tokens)
+        return keys
+
     def up_to(self, num_tokens: int) -> list[int]:
         """Keys of the full pages within the first ``num_tokens`` tokens (the object's own list
         when that is every key computed so far: callers copy, never mutate)."""

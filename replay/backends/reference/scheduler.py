@@ -311,14 +311,14 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         st = self.model.request(req.rid)
         before = st.swa_released_tokens
         prot0 = st.protected_tokens
-        self.model.checkpoint(req.rid, page_hashes=req.keys.up_to(st.seq_tokens))
+        self.model.checkpoint(req.rid, page_hashes=req.keys.covering(st.seq_tokens))
         self._emit_inserted(req, st, before, prot0)
 
     def _release(self, req: RefReq, checkpoint: bool) -> None:
         st = self.model.request(req.rid)
         prot0 = st.protected_tokens
         if checkpoint:
-            self.model.release(req.rid, checkpoint=True, page_hashes=req.keys.up_to(st.seq_tokens))
+            self.model.release(req.rid, checkpoint=True, page_hashes=req.keys.covering(st.seq_tokens))
             tracer.cache(int(CacheOp.INSERT), req.rid, 0, 0, 0, max(0, st.protected_tokens - prot0))
         else:
             self.model.release(req.rid, checkpoint=False)
