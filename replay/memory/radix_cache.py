@@ -170,6 +170,7 @@ class RadixCache:
             priority=req.priority,
             swa_branching_tokens=branching,
             num_pages=num_pages,
+            owned=req.lock.node if req.lock is not None else None,
         )
         req.inserted_tokens = max(req.inserted_tokens, num_pages * ps)
         lo = req.protected_tokens // ps

@@ -104,3 +104,87 @@ def test_chained_and_page_by_page_trees_agree(seed):
         for tree in trees:
             tree.check_integrity()
         assert _shape(trees[0]) == _shape(trees[1])
+
+
+def _nodes(tree) -> list:
+    out, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
+def _stamps(tree) -> list:
+    out, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        out.append((tuple(node.key), node.last_access, node.priority, node.full_lock, node in tree.device_leaves))
+        stack.extend(sorted(node.children.values(), key=lambda c: c.key[0]))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32))
+def test_an_insert_from_the_requests_own_node_is_the_walk(seed):
+    """Chunked requests insert chunk after chunk from the node their lock holds (``owned``), on
+    one tree, and from the root on the other, with other requests' inserts, matches (splits of
+    the owned path) and evictions between: same results, shapes, stamps, priorities and leaf
+    sets after every operation."""
+    rng = random.Random(seed)
+    chain = Chain()
+    trees = [make_tree(pages=96), make_tree(pages=96)]
+    for tree in trees:
+        tree.chained_keys = True
+    live: list[dict] = []  # per request: its key, pages per tree, protected pages, locks per tree
+    for _step in range(80):
+        op = rng.random()
+        if op < 0.3 or not live:
+            stem = [rng.randrange(2) for _ in range(rng.randint(2, 16))]
+            live.append(dict(key=chain.keys(stem), done=0, locks=[None, None], prio=rng.randrange(3)))
+        elif op < 0.75:
+            req = live[rng.randrange(len(live))]
+            key, done = req["key"], req["done"]
+            upto = min(len(key), done + rng.randint(1, 5))
+            if upto == done:
+                continue
+            got = []
+            for i, tree in enumerate(trees):
+                need = upto + 2
+                if tree.pools.full.available_pages() < need or tree.pools.swa.available_pages() < need:
+                    tree.evict(full_tokens=need * PS, swa_tokens=need * PS)
+                if tree.pools.full.available_pages() < upto or tree.pools.swa.available_pages() < upto:
+                    got.append(None)
+                    continue
+                fresh = tree.pools.alloc_extend_pages([0], [upto * PS])[0]
+                lock = req["locks"][i]
+                owned = lock.node if (lock is not None and i == 0) else None
+                if i == 0 and rng.random() < 0.3:  # any node: used only where it is the key's own
+                    owned = rng.choice(_nodes(tree))
+                r = tree.insert(key, fresh, prev_prefix_tokens=done * PS, inserted_tokens=done * PS,
+                                priority=req["prio"], num_pages=upto, owned=owned)
+                new = tree.lock(r.last_node)
+                if lock is not None:
+                    tree.unlock(lock)
+                req["locks"][i] = new
+                got.append((r.prefix_tokens, r.last_node is not None))
+            assert got[0] == got[1]
+            if got[0] is not None:
+                req["done"] = upto
+        elif op < 0.85:
+            req = live[rng.randrange(len(live))]
+            cut = rng.randint(1, len(req["key"]))
+            for tree in trees:
+                tree.match(list(req["key"][:cut]) + chain.keys([9, 9, 9])[:1])  # may split the owned path
+        elif op < 0.92:
+            n = rng.randint(1, 8) * PS
+            for tree in trees:
+                tree.evict(full_tokens=n, swa_tokens=n)
+        else:
+            req = live.pop(rng.randrange(len(live)))
+            for tree, lock in zip(trees, req["locks"]):
+                if lock is not None:
+                    tree.unlock(lock)
+        for tree in trees:
+            tree.check_integrity()
+        assert _shape(trees[0]) == _shape(trees[1]) and _stamps(trees[0]) == _stamps(trees[1])

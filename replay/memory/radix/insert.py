@@ -31,6 +31,7 @@ class InsertMixin:
         priority: int = 0,
         swa_branching_tokens: int | None = None,
         num_pages: int | None = None,
+        owned=None,
     ) -> InsertResult:
         """Insert a page-aligned key with the request's page ids.
 
@@ -44,6 +45,11 @@ class InsertMixin:
             swa_branching_tokens: pending SWA branching point of the request, if any.
             num_pages: insert only the first ``num_pages`` of ``key`` and ``pages`` (both at
                 least that long; None: all of them, both the same length), without copying them.
+            owned: the node the request's first ``prev_prefix_tokens`` end at, which its lock
+                holds (its previous insert's last node): with chained keys the walk takes the
+                path to it by its parents (stamping it and raising its priority as the walk
+                would; the path is the request's own, so nothing there splits, adopts, frees or
+                counts a hit) once that node is still the one the key's pages lead to.
         Returns:
             InsertResult with the tree prefix before the insert and the last node.
         Mutates: tree structure and ledgers; frees duplicate pages into the pools.
@@ -56,12 +62,12 @@ class InsertMixin:
             raise ValueError(f"insert: num_pages {num_pages} outside the key ({len(key)}) or pages ({len(pages)})")
         try:
             return self._insert(key, pages, num_pages, prev_prefix_tokens, swa_evicted_tokens,
-                                inserted_tokens, priority, swa_branching_tokens)
+                                inserted_tokens, priority, swa_branching_tokens, owned)
         finally:
             self._flush()
 
     def _insert(self, key, pages, n, prev_prefix_tokens, swa_evicted_tokens, inserted_tokens,
-                priority, swa_branching_tokens) -> InsertResult:
+                priority, swa_branching_tokens, owned=None) -> InsertResult:
         ps = self.ps
         if swa_evicted_tokens % ps:
             raise ValueError("insert: swa_evicted_tokens must be page-aligned")
@@ -72,6 +78,15 @@ class InsertMixin:
         ws_pages = swa_evicted_tokens // ps
         node, pos, dups = root, 0, 0
         chained = self.chained_keys
+        if owned is not None and chained and 0 < prev_pages <= n and prev_prefix_tokens <= inserted_tokens:
+            path = self._owned_path(owned, key, prev_pages)
+            if path is not None:  # what the walk does to each node of the request's own prefix
+                for child in reversed(path):
+                    child.last_access = self.tick()
+                    if child.priority < priority:
+                        child.priority = priority
+                    # (no ``_touch_leaf``: a FULL-locked node with device FULL is in no leaf set)
+                node, pos = owned, prev_pages
         while pos < n:
             child = node.children.get(key[pos])
             if child is None:
@@ -116,6 +131,25 @@ class InsertMixin:
                 self.backup_incremental(node)
         branch_done = swa_branching_tokens is not None and n * ps >= swa_branching_tokens
         return InsertResult(prefix_tokens, node, dups, branch_done)
+
+    def _owned_path(self, owned, key, prev_pages: int) -> list | None:
+        """The nodes from ``owned`` up to the root's child (bottom first) when the first
+        ``prev_pages`` pages of ``key`` lead from the root exactly to ``owned`` and every node on
+        the way holds device FULL and a FULL lock (the walk would take each whole and only stamp
+        it), else None. Chained keys: ``owned``'s last page key equal to the key's at that depth
+        means the path spells the key."""
+        root = self.root
+        parent = owned.parent
+        if parent is None or parent.children.get(owned.key[0]) is not owned or owned.key[-1] != key[prev_pages - 1]:
+            return None
+        path, depth, cur = [], 0, owned
+        while cur is not root:
+            if cur.full is None or not cur.full_lock:
+                return None
+            path.append(cur)
+            depth += len(cur.key)
+            cur = cur.parent
+        return path if depth == prev_pages else None
 
     def _unevict(self, node, seg: list[int], pos: int, ws_pages: int) -> None:
         """A device-evicted node adopts the request's fresh pages (no duplicate)."""
