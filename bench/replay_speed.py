@@ -62,6 +62,12 @@ stretch's plain steps in one loop); mixed 211.7x / 303.4x / 405.0x before, 217.4
 ``--coalescing figures`` back to back: production_1h 367.4x -> 431.0x, mixed 413.2x -> 511.5x
 (docs/capacity.md "Session 25").
 
+Session 27, 2026-12-06 05:47-05:50 UTC, back to back with 90a11b9 (session 26's head): ``--coalescing
+figures`` production_1h 440.3x, 494.4x -> 507.7x, 556.7x; mixed 507.4x, 516.5x -> 576.7x, 542.2x
+(median of 3 runs); the default ``off,on,figures`` production_1h 214.7 / 311.9 / 424.2x -> 236.5 /
+336.2 / 526.3x, mixed 210.3 / 292.5 / 441.0x -> 223.1 / 343.3 / 543.0x, same steps
+(docs/capacity.md "Session 27").
+
 Session 26, 2026-12-06 (this VM's speed swung ~1.25x within the hour), after lazily mapped SWA
 extend runs, the key table keyed beside the run (``keystream``) and two inlined tree paths:
 ``--coalescing figures`` back to back with 67f6cb2 (session 25's head), three rounds each at
