@@ -129,7 +129,15 @@ def _serve(d: Path, how: str) -> dict:
         # The fork's shutdown (TokenizerManager.sigterm_watchdog -> kill_process_tree(include_parent=True))
         # SIGKILLs its scheduler: the recording process never ends cleanly, so the trace is
         # 'crashed' with at most one flush interval (200 ms here, the server idle for 2 s) unwritten.
-        res["state_at_exit"] = _inspect(trace, strict=False)[1]
+        # The SIGKILLed scheduler can outlive the server's main process by a moment (its lock is
+        # held until it is gone): read the state once no process records (30 s at most).
+        deadline = time.monotonic() + 30
+        while True:
+            res["state_at_exit"] = _inspect(trace, strict=False)[1]
+            if "recording" not in res["state_at_exit"].get("rank_states", {}).values() \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         p = subprocess.run([str(lu.VENV_BIN / "kvtrace"), "recover", str(trace)], capture_output=True,
                            text=True, timeout=300)
         res["recover"] = (p.returncode, p.stdout + p.stderr)
