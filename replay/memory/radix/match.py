@@ -167,24 +167,19 @@ class MatchMixin:
         Returns the walks' best nodes, in order (what :meth:`apply_touches` applies).
         """
         bests = []
-        memo_ok, hits = self.walk_memo, 0
+        memo_ok = self.walk_memo
         try:
             for key in keys:
-                if memo_ok and type(key) is GrowingKeys:  # ``_memo``, inline (a refresh walks 128)
-                    memo = key.walks.get(len(key))
-                    if memo is not None and memo[0] is self:
-                        hits += 1
-                        bests.append(memo[1][1])
-                        continue
-                # the touches so far are applied only if this walk splits (``_match_walk``
-                # applies them right before): a walk reads no stamp, no LRU order, no heap
-                self._touch_pending = bests
-                walk = self._match_walk(key)
-                bests = self._touch_pending
+                walk = self._memo(key, len(key)) if memo_ok and type(key) is GrowingKeys else None
+                if walk is None:
+                    # the touches so far are applied only if this walk splits (``_match_walk``
+                    # applies them right before): a walk reads no stamp, no LRU order, no heap
+                    self._touch_pending = bests
+                    walk = self._match_walk(key)
+                    bests = self._touch_pending
                 bests.append(walk[1])
         finally:
             self._touch_pending = None
-            self.walk_memo_hits += hits
         self._apply_touches(bests)
         return bests
 
@@ -197,22 +192,18 @@ class MatchMixin:
         if not self.walk_memo:
             return None
         hits = self.walk_memo_hits
-        bests, memo_hits = [], 0
+        bests = []
         for key in keys:
             if type(key) is not GrowingKeys:
                 self.walk_memo_hits = hits
                 return None
-            memo = key.walks.get(len(key))  # ``_memo``, inline (a refresh walks 128)
-            if memo is not None and memo[0] is self:
-                memo_hits += 1
-                bests.append(memo[1][1])
-                continue
-            walk = self._match_walk(key, split=False)  # walked again, as a pure read (then memoized)
-            if walk is None:  # it must split
-                self.walk_memo_hits = hits
-                return None
+            walk = self._memo(key, len(key))
+            if walk is None:  # walked again, as a pure read (then memoized), unless it must split
+                walk = self._match_walk(key, split=False)
+                if walk is None:
+                    self.walk_memo_hits = hits
+                    return None
             bests.append(walk[1])
-        self.walk_memo_hits += memo_hits
         return bests
 
     def apply_touches(self, bests: list) -> None:
