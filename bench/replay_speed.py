@@ -107,6 +107,8 @@ def _cpu() -> float:
 
 #: a run shorter than this (wall seconds) is noise-dominated: it is repeated (``--repeat``)
 SHORT_RUN_S = 2.0
+#: the most runs ``--repeat`` asks for (a median of more says nothing new)
+MAX_REPEAT = 100
 
 
 def _measure(workload: str, args, tmp: Path, be: str, sets: list[str], tag: str, detail: str = "counts",
@@ -171,8 +173,8 @@ def main(argv=None) -> dict:
                          "run's wall listed in *_wall_s_runs (default 3; 1: one run)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.repeat < 1:
-        ap.error("--repeat must be at least 1")
+    if not 1 <= args.repeat <= MAX_REPEAT:
+        ap.error(f"--repeat must be between 1 and {MAX_REPEAT}, got {args.repeat}")
     workloads = [w for w in args.workload.split(",") if w]
     out = {"workload": args.workload, "policy": args.policy, "sets": args.sets}
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,4 +189,12 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from replay.errors import Interrupted, KvtraceError
+
+    try:
+        main()
+    except (Interrupted, KeyboardInterrupt) as e:  # Ctrl-C: inside a run, or between runs
+        print(f"replay_speed.py: {e or 'interrupted'} (no figures)", file=sys.stderr)
+        sys.exit(130)
+    except KvtraceError as e:  # a workload, policy or knob refused: one line
+        sys.exit(f"replay_speed.py: {e}")
