@@ -41,10 +41,17 @@ def test_lazy_host_free_stays_flat_as_host_pool_grows(tmp_path):
     lazy = [per_free["lazy_merge", n] for n in sc.HOST_POOL_SIZES]
     eager = [per_free["eager_cat", n] for n in sc.HOST_POOL_SIZES]
     msg = f"median host_swa free CPU ns by pool size {sc.HOST_POOL_SIZES}: lazy {lazy}, eager {eager}"
-    # eager grows with the pool: >= 3x from 64 K to 1 M slots (measured 47 -> 78 -> 281 us, 5.9x)
-    assert per_free["eager_cat", large] >= 3 * per_free["eager_cat", small], msg
+    # eager grows with the pool, size after size. Its fixed cost per free (the free's own
+    # bookkeeping, which lazy pays too) is about the same at every size, so the growth is read on
+    # eager's excess over lazy: the concatenation alone, >= 2.5x from 64 K to 1 M slots (measured
+    # 17 -> 111 us here, 6.5x; 17 -> 71 us on a loaded 2-core CI runner, 4.1x, where eager alone
+    # grew only 2.9x: 28 -> 82 us)
+    assert eager[0] < eager[1] < eager[2], msg
+    excess = [e - lz for e, lz in zip(eager, lazy)]
+    assert excess[0] > 0 and excess[-1] >= 2.5 * excess[0], msg
+    assert per_free["eager_cat", large] >= 2 * per_free["eager_cat", small], msg
     # lazy stays flat: within 2.5x across a 16x larger pool (measured 30/21/21 us: the first run
     # of a process is the slowest)
     assert max(lazy) <= 2.5 * min(lazy), msg
-    # at 1 M slots eager costs >= 3x lazy per free (measured 13x)
+    # at 1 M slots eager costs >= 3x lazy per free (measured 7.6-13x)
     assert per_free["eager_cat", large] >= 3 * per_free["lazy_merge", large], msg
