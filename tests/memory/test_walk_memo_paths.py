@@ -242,10 +242,11 @@ def _stamps(tree: RadixTree) -> list:
     return out
 
 
-def test_peek_and_memo_touches_are_pure_reads_of_what_match_and_touch_many_do():
+def test_peek_and_pure_walks_are_pure_reads_of_what_match_and_touch_many_do():
     """``peek`` gives ``match``'s figures without splitting, stamping or reordering anything, and
-    None exactly where ``match`` splits a node; ``memo_touches`` (memoized walks, the others walked
-    again as pure reads) gives the best nodes ``touch_many`` reaches, and None where it splits."""
+    None exactly where ``match`` splits a node; memoized walks and walks as pure reads
+    (``_match_walk(split=False)``, what the reference backend's refresh window runs) reach the best
+    nodes ``touch_many`` reaches, and None where it splits."""
     rng = random.Random(11)
     tree = make_tree(hicache=True, pages=48)
     stems = [seq(t, 8) for t in range(1, 5)]
@@ -280,12 +281,13 @@ def test_peek_and_memo_touches_are_pure_reads_of_what_match_and_touch_many_do():
         else:
             keys = [GrowingKeys(stems[rng.randrange(len(stems))][: rng.randint(1, 8)]) for _ in range(3)]
             version = tree.version
-            bests = tree.memo_touches(iter(keys))
+            walks = [tree._match_walk(k, split=False) for k in keys]
+            bests = None if None in walks else [w[1] for w in walks]
             assert tree.version == version
             got = tree.touch_many([list(k) for k in keys])
             if bests is None:
                 memo_none += 1
-                assert tree.version != version, f"step {step}: memo_touches refused touches that split nothing"
+                assert tree.version != version, f"step {step}: a pure walk refused touches that split nothing"
             else:
                 memo_ok += 1
                 assert tree.version == version and all(a is b for a, b in zip(bests, got)) and len(bests) == len(got)

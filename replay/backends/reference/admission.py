@@ -9,11 +9,11 @@ A mixin of :class:`replay.backends.reference.scheduler.ReferenceBackend` (its st
 
 from __future__ import annotations
 
-from operator import is_
 
 import tracer
 from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, PrefillBudget, ceil_page
 from replay.backends.reference.coalesce import HeadRefusal
+from replay.backends.reference.refresh import RefreshWindow
 from replay.backends.reference.request import RefReq
 from tracer.schema import CacheOp, SchedKind, Verdict
 
@@ -24,10 +24,11 @@ _WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 class AdmissionMixin:
     """Prefill batch selection (see the module docstring)."""
 
-    #: the last waiting-queue refresh that split nothing: (tree version, the requests it walked,
-    #: its walks' best nodes), see ``_last_refresh``
-    _refresh_memo: tuple | None = None
-    #: refreshes that reused the last one's best nodes (a diagnostic)
+    #: the last waiting-queue refresh's requests and walk memos (``refresh.RefreshWindow``), set
+    #: by the backend's ``__enter__``
+    _refresh_window: RefreshWindow | None = None
+    #: refreshes answered by the window: no walk but the new requests' and the voided memos'
+    #: (a diagnostic)
     refresh_reuses: int = 0
 
     def _allocatable(self, running_bs: int) -> int:
@@ -112,43 +113,38 @@ class AdmissionMixin:
         refresh = self._prefix_refresh_calls % _WAITING_PREFIX_REFRESH_INTERVAL == 0
         self._prefix_refresh_calls += 1
         if refresh:
-            bests = self._last_refresh()
-            if bests is not None:
-                self.model.tree.apply_touches(bests)
-                return
             tree = self.model.tree
-            version = tree.version if tree is not None else None
-            bests = self.model.touch_many(list(self._refresh_sequences()))
-            if bests is not None and tree.version == version:  # no walk split a node
-                self._note_refresh(bests)
+            head = self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]
+            bests = self._window_bests(head)
+            if bests is not None:
+                tree.apply_touches(bests)
+                return
+            keys = [req.whole_keys() for req in reversed(head)]  # head last
+            self.model.touch_many(keys)
+            if tree is not None and tree.walk_memo:
+                self._refresh_window.note(tree, head, keys, self.result.num_retractions)
 
-    def _last_refresh(self) -> list | None:
-        """The best nodes of the last waiting-queue refresh when this one walks the same keys over
-        the same tree: the same first ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests (a waiting
-        request's sequence does not change) and the tree's ``version`` unchanged since, so every
-        walk ends where it ended and splits nothing (None otherwise, and with the walk memo off)."""
-        last = self._refresh_memo
-        if last is None:
-            return None
-        version, reqs, bests = last
+    def _window_bests(self, head: list) -> list | None:
+        """The best nodes of the refresh of ``head`` (the first waiting requests) in walk order,
+        from the last refresh's window (``refresh.RefreshWindow``: only the new requests and the
+        voided memos walked again, as pure reads) when no walk would split a node; else None (and
+        with no tree, or with the walk memo off)."""
         tree = self.model.tree
-        if version != tree.version or not tree.walk_memo:
+        if tree is None or not tree.walk_memo:
             return None
-        head = self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]
-        if len(head) != len(reqs) or not all(map(is_, head, reqs)):
-            return None
-        tree.walk_memo_hits += len(bests)
-        self.refresh_reuses += 1
+        window = self._refresh_window
+        if window is None:
+            window = self._refresh_window = RefreshWindow()
+        bests = window.bests(tree, head, self.result.num_retractions)  # retractions requeue
+        if bests is not None:
+            self.refresh_reuses += 1
         return bests
 
-    def _note_refresh(self, bests: list) -> None:
-        """Remember a refresh that split nothing (``bests``: its walks' best nodes, in order)."""
-        self._refresh_memo = (self.model.tree.version, self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX], bests)
-
-    def _refresh_sequences(self):
-        """The page keys the waiting-queue refresh walks, in its order: the first
-        ``WAITING_QUEUE_PREFIX_MATCH_MAX`` waiting requests' whole sequences, head last (lazily)."""
-        return (req.whole_keys() for req in reversed(self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX]))
+    def _check_refresh_window(self) -> None:
+        """The refresh window's integrity against the queue as it is (``RefreshWindow.check_integrity``)."""
+        if self._refresh_window is not None:
+            self._refresh_window.check_integrity(self.model.tree, self.waiting[:_WAITING_QUEUE_PREFIX_MATCH_MAX],
+                                                 self.result.num_retractions)
 
     def _add_one_req(self, req: RefReq, budget: PrefillBudget, can_run: list, extends: dict) -> str:
         """sglang ``init_next_round_input`` + ``add_one_req``: match, budget checks, lock."""

@@ -37,12 +37,12 @@ LRU order): those effects are applied once when the stretch ends, with the tree 
 by the ticks the skipped matches would have taken, which leaves every stamp and every LRU order
 exactly as a step-by-step run leaves them (only stale lazy-heap entries differ, which no pop
 sees). The waiting-queue prefix refresh (every 32nd admission) runs inside the stretch when
-none of its walks splits a node (``RadixTree.memo_touches``: memoized walks, others walked again
-as pure reads; no split, so the head's match and lock stand): the head's matches before it are
-applied, then its touches, as a step-by-step run orders them. A stretch stops before a refresh
-that would split (or that an arrival due at its step would join), before an integrity check is
-due, and before any step it cannot prove quiet. A refresh over the same first waiting requests
-and an unchanged tree reuses the last refresh's best nodes (``AdmissionMixin._last_refresh``).
+none of its walks splits a node (:class:`replay.backends.reference.refresh.RefreshWindow`: the
+last refresh's walk memos where they stand, the others walked again as pure reads; no split, so
+the head's match and lock stand): the head's matches before it are applied, then its touches, as
+a step-by-step run orders them. A stretch stops before a refresh that would split (or that an
+arrival due at its step would join), before an integrity check is due, and before any step it
+cannot prove quiet.
 
 A stretch may start right after a finish: the finished requests leave the running batch first,
 as the next step's batch selection drops them, and where the finish's insert changed the tree,
@@ -501,15 +501,7 @@ class CoalesceMixin:
         (which changes the head's match)."""
         if due > self._next_arrival and len(self.waiting) < _REFRESH_MAX:
             return None
-        bests = self._last_refresh()
-        if bests is not None:
-            return bests
-        model = self.model
-        # lazily, newest first (the walk order): the check stops at the first walk that would split
-        bests = model.tree.memo_touches(self._refresh_sequences())  # lists: the keys ``touch_many`` walks
-        if bests is not None:
-            self._note_refresh(bests)
-        return bests
+        return self._window_bests(self.waiting[:_REFRESH_MAX])
 
     def _apply_head_matches(self, head: HeadRefusal, n: int) -> None:
         """The effects of the head's ``n`` (> 0) matches a stretch deferred: the last one run, the

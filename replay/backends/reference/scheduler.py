@@ -175,8 +175,10 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         return self.model.snapshot()
 
     def check_integrity(self) -> None:
-        """Check the model's pools, tree and rows (raises ``IntegrityError``, an AssertionError)."""
+        """Check the model's pools, tree and rows, and the waiting-queue refresh's window (raises
+        ``IntegrityError``, an AssertionError)."""
         self.model.check_integrity()
+        self._check_refresh_window()
 
     # ---------------------------------------------------------------- arrivals
     def _admit_arrivals(self) -> None:

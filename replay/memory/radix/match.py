@@ -183,29 +183,6 @@ class MatchMixin:
         self._apply_touches(bests)
         return bests
 
-    def memo_touches(self, keys) -> list | None:
-        """What ``touch_many(keys)`` would apply when no walk splits a node (so the tree's shape
-        and ``version`` stay): the walks' best nodes, for :meth:`apply_touches` (now or after other
-        touches). A walk not memoized is walked again as a pure read (``_match_walk(split=False)``,
-        then memoized). None, with no effect on the tree, when some walk would split a node
-        (``keys``, any iterable, is read no further)."""
-        if not self.walk_memo:
-            return None
-        hits = self.walk_memo_hits
-        bests = []
-        for key in keys:
-            if type(key) is not GrowingKeys:
-                self.walk_memo_hits = hits
-                return None
-            walk = self._memo(key, len(key))
-            if walk is None:  # walked again, as a pure read (then memoized), unless it must split
-                walk = self._match_walk(key, split=False)
-                if walk is None:
-                    self.walk_memo_hits = hits
-                    return None
-            bests.append(walk[1])
-        return bests
-
     def apply_touches(self, bests: list) -> None:
         """The recency effects of touches whose walks ended at ``bests`` (see :meth:`touch_many`)."""
         self._apply_touches(bests)
