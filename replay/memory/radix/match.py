@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 
 from replay.memory.results import MatchResult
 
 _MEMO_MIN_PAGES = 8  # shorter node keys compare faster than a memo lookup
+_second = itemgetter(1)
 
 
 class GrowingKeys(list):
@@ -190,11 +192,16 @@ class MatchMixin:
     def _apply_touches(self, bests: list) -> None:
         if not bests:
             return
+        n = len(bests)
+        # each best node once, at its last touch, latest first: an earlier touch that ended at the
+        # same node adds nothing (the later one stamps the same path after it, and its SWA chain
+        # comes first); a refresh's ~100 walks end at ~12 nodes on an hour of traffic
+        order = sorted(dict(zip(bests, range(n))).items(), key=_second, reverse=True)
         root = self.root
         if self.swa_tree:
             limit = self.window_tokens + self.ps if self.window_aware else math.inf
             chain, seen, ps = [], set(), self.ps
-            for node in reversed(bests):
+            for node, _ in order:
                 acc, cur = 0, node
                 while cur is not root and acc < limit:
                     if cur.swa is not None and cur not in seen:
@@ -205,13 +212,12 @@ class MatchMixin:
             if chain:
                 self.swa_lru.move_chain_to_mru(chain)
         t0 = self.clock  # one tick per touch, as ``touch`` takes them (integral floats: exact sums)
-        ticks = [t0 + i for i in range(len(bests))]
-        self.clock = t0 + len(bests)
+        self.clock = t0 + n
         dev, host = self.device_leaves, self.host_leaves
         stamped = set()
         leaves = []
-        for i in range(len(bests) - 1, -1, -1):
-            t, node = ticks[i], bests[i]
+        for node, i in order:
+            t = t0 + i
             while node is not None and node not in stamped:
                 stamped.add(node)
                 node.last_access = t

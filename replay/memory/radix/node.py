@@ -126,12 +126,27 @@ class LRUList:
         self._link_after(prev, node)
 
     def move_chain_to_mru(self, nodes: list[Node]) -> None:
-        """Move ``nodes`` to the MRU end keeping their order (first = most recent)."""
+        """Move ``nodes`` to the MRU end keeping their order (first = most recent); a node already
+        right after the one before it stays (a refresh's chain is often where the last one put it)."""
+        k = self.k
         prev = self.head
         for node in nodes:
-            if node.lru_prev[self.k] is not None:
-                self.remove(node)
-            self._link_after(prev, node)
+            links = node.lru_prev
+            before = links[k]
+            if before is prev:
+                prev = node
+                continue
+            if before is not None:  # unlinked from where it is
+                after = node.lru_next[k]
+                before.lru_next[k] = after
+                after.lru_prev[k] = before
+            else:
+                self.size += 1
+            nxt = prev.lru_next[k]
+            links[k] = prev
+            node.lru_next[k] = nxt
+            prev.lru_next[k] = node
+            nxt.lru_prev[k] = node
             prev = node
 
     def lru(self) -> Node | None:
