@@ -360,7 +360,9 @@ class DeviceAllocator:
         if not chunks:
             return
         if len(chunks) == 1:
-            flat = list(chunks[0])
+            flat = chunks[0]
+            if self._group_pages is not None or self.device_free == "sorted_merge":
+                flat = list(flat)  # kept (staged or grouped): its own list
         elif self._group_pages is not None or self.device_free != "prepend":
             flat = list(chain.from_iterable(chunks))
         else:
