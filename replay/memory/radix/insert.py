@@ -14,7 +14,8 @@ Semantics (DESIGN.md §4.3, SGLang ``checkpoint_into_tree``), re-implemented:
 
 from __future__ import annotations
 
-from replay.memory.radix.match import chained_common
+from replay.memory.radix.match import chained_common, void_memos
+from replay.memory.radix.node import Node
 from replay.memory.results import InsertResult
 
 
@@ -81,11 +82,14 @@ class InsertMixin:
         if owned is not None and chained and 0 < prev_pages <= n and prev_prefix_tokens <= inserted_tokens:
             path = self._owned_path(owned, key, prev_pages)
             if path is not None:  # what the walk does to each node of the request's own prefix
+                clock = self.clock  # a tick per node, as the walk takes them
                 for child in reversed(path):
-                    child.last_access = self.tick()
+                    child.last_access = clock
+                    clock += 1.0
                     if child.priority < priority:
                         child.priority = priority
                     # (no ``_touch_leaf``: a FULL-locked node with device FULL is in no leaf set)
+                self.clock = clock
                 node, pos = owned, prev_pages
         while pos < n:
             child = node.children.get(key[pos])
@@ -118,9 +122,10 @@ class InsertMixin:
         prefix_tokens = pos * ps
         new_leaf = pos < n
         if new_leaf:
-            node = self._add_leaf(node, key[pos:n], pages[pos:n], priority)
             if self.swa_tree:
-                self._populate_swa(node, pos, ws_pages, cap_leaf=True)
+                node = self._add_swa_leaf(node, key, pages, pos, n, ws_pages, priority)
+            else:
+                node = self._add_leaf(node, key[pos:n], pages[pos:n], priority)
         if node is not root:
             self.refresh_swa_lru(node)
             if new_leaf:
@@ -150,6 +155,71 @@ class InsertMixin:
             depth += len(cur.key)
             cur = cur.parent
         return path if depth == prev_pages else None
+
+    def _add_swa_leaf(self, parent, key, pages, pos: int, n: int, ws_pages: int, priority: int):
+        """``_add_leaf`` of pages ``[pos, n)`` under ``parent``, then ``_populate_swa(cap_leaf=True)``
+        of it, built directly: the part below the request's SWA-evicted cursor a tombstone (no
+        SWA), the part above the leaf's last ``ceil(W / ps)`` pages with SWA, the leaf with SWA,
+        each node made once with its own slices. The nodes, ids, stamps, creation times, ledgers,
+        leaf sets and SWA LRU order are those of the leaf and its two splits (the leaf's heap
+        entries are fewer: the splits' re-pushes of it were stale at once). Returns the leaf."""
+        ps = self.ps
+        live = max(pos, ws_pages)
+        tail = -(-self.window_tokens // ps)
+        if live >= n or tail <= 0:  # no page in the window: no SWA, no split
+            node = self._add_leaf(parent, key[pos:n], pages[pos:n], priority)
+            if live < n:
+                self._populate_swa(node, pos, ws_pages, cap_leaf=True)
+            return node
+        cut = n - tail if n - live > tail else live  # where the leaf starts
+        self.version += 1
+        # ids and ticks in the order of the leaf, then its splits: the leaf (2 ticks), the
+        # tombstone (2 ticks, then the leaf re-stamped), the SWA part (likewise)
+        c0 = self.clock
+        nid = self._next_node_id
+        leaf = Node(nid, key[cut:n], None, c0)
+        nid += 1
+        clock = c0 + 2.0
+        born = leaf.creation_time
+        chain = []  # top down: (node, its first page)
+        if live > pos:
+            tomb = Node(nid, key[pos:live], None, clock)
+            nid += 1
+            tomb.creation_time = born
+            leaf.last_access = clock + 2.0
+            clock += 3.0
+            chain.append((tomb, pos))
+        if cut > live:
+            mid = Node(nid, key[live:cut], None, clock)
+            nid += 1
+            mid.creation_time = born
+            leaf.last_access = clock + 2.0
+            clock += 3.0
+            chain.append((mid, live))
+        chain.append((leaf, cut))
+        self._next_node_id = nid
+        self.clock = clock
+        up = parent
+        for node, start in chain:
+            node.priority = priority
+            node.parent = up
+            up.children[key[start]] = node
+            up = node
+        ends = parent.end_watch  # the memos that found no child here for this page are void
+        if ends is not None:
+            watch = ends.pop(key[pos], None)
+            if watch is not None:
+                void_memos(watch)
+        ends_at = [start for _, start in chain[1:]] + [n]
+        for (node, start), end in zip(chain, ends_at):
+            self._set_full(node, pages[start:end])
+        self.num_nodes += len(chain)
+        self._update_leaf_sets(leaf)
+        self._update_leaf_sets(parent)
+        if cut > live:
+            self._set_swa(mid, self.pools.translate(mid.full))
+        self._set_swa(leaf, self.pools.translate(leaf.full))
+        return leaf
 
     def _unevict(self, node, seg: list[int], pos: int, ws_pages: int) -> None:
         """A device-evicted node adopts the request's fresh pages (no duplicate)."""
