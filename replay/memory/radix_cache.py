@@ -174,7 +174,8 @@ class RadixCache:
         )
         req.inserted_tokens = max(req.inserted_tokens, num_pages * ps)
         lo = req.protected_tokens // ps
-        req.pages[lo:num_pages] = tree.path_pages_from(result.last_node, lo)[:num_pages - lo]
+        if result.kept_tree_pages:  # else the path past ``lo`` holds the request's own pages
+            req.pages[lo:num_pages] = tree.path_pages_from(result.last_node, lo)[:num_pages - lo]
         self._split_at_prompt(req, num_pages)
         old = req.lock
         req.lock = tree.lock(result.last_node)

@@ -65,12 +65,15 @@ class InsertResult:
         last_node: node the inserted key ends on.
         num_dup_pages: request pages freed because the tree already held them.
         swa_branch_inserted: the insert reached the pending SWA branching point.
+        kept_tree_pages: a node past ``prev_prefix_tokens`` kept its own pages (a live node the
+            key overlaps): only then do the path's pages there differ from the request's.
     """
 
     prefix_tokens: int
     last_node: Any
     num_dup_pages: int = 0
     swa_branch_inserted: bool = False
+    kept_tree_pages: bool = True
 
 
 @dataclass

@@ -78,6 +78,7 @@ class InsertMixin:
         prev_pages = prev_prefix_tokens // ps
         ws_pages = swa_evicted_tokens // ps
         node, pos, dups = root, 0, 0
+        kept = False  # a live node past ``prev_pages`` kept its pages (``_overlap``)
         chained = self.chained_keys
         if owned is not None and chained and 0 < prev_pages <= n and prev_prefix_tokens <= inserted_tokens:
             path = self._owned_path(owned, key, prev_pages)
@@ -115,6 +116,7 @@ class InsertMixin:
                 self._unevict(child, pages[pos : pos + m], pos, ws_pages)
             elif pos + m > prev_pages:  # a node the request already owned whole overlaps nothing
                 dups += self._overlap(child, pages[pos : pos + m], pos, prev_pages, ws_pages)
+                kept = True
             if (pos + m) * ps > inserted_tokens and self._inc_hit_and_check(child):
                 self.backup(child)
             self._touch_leaf(child)
@@ -135,7 +137,7 @@ class InsertMixin:
             elif self.hicache and not self.write_back and node.full_host is not None:
                 self.backup_incremental(node)
         branch_done = swa_branching_tokens is not None and n * ps >= swa_branching_tokens
-        return InsertResult(prefix_tokens, node, dups, branch_done)
+        return InsertResult(prefix_tokens, node, dups, branch_done, kept)
 
     def _owned_path(self, owned, key, prev_pages: int) -> list | None:
         """The nodes from ``owned`` up to the root's child (bottom first) when the first
