@@ -21,6 +21,17 @@ two runs wrote the same rows, family by family in ``seq`` order with the measure
 figure but the measured CPU and wall times).
 A speed change to the model must keep ``identical`` true.
 
+``--instructions`` runs each side under valgrind's callgrind instead (needs ``valgrind`` and
+``callgrind_control`` on PATH), counting the instructions the replay itself executes
+(``replay_run``: the workload read, the loop, the summary; not a key stream's process, which runs
+beside it): ``base_instructions``, ``head_instructions`` and ``instructions_ratio`` (base over
+head). The count does not move with the machine's load (two runs of a tree agree within 0.05 %),
+so one round decides what the CPU figures cannot on a noisy VM (a change of 2-5 % there reads
+anywhere from 0.95x to 1.2x). Instructions are not time (cache misses are not counted), but the
+replay's time is the interpreter's: its changes this session read the same way on both where the
+CPU figures could tell. Under callgrind a run takes ~50x longer: use ``--requests`` (production_1h's
+first 1500 arrivals: ~9.2 G instructions, ~90 s a side).
+
 Measured 2026-12-04 (session 18), production_1h at the plan's best split (``--set
 full_pool_tokens=225008 --set swa_pool_tokens=18000 --set stop_on_retraction=on``), base
 ``a954019`` (before the session's speed changes): see docs/capacity.md "Session 18".
@@ -30,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,12 +73,28 @@ if int(n):
         return wl
     workloads.read_workload = first
 from replay.runs.replay import replay_run
+import os, subprocess
+counted = bool(os.environ.get("KVTRACE_AB_CALLGRIND"))
+def count(on):  # callgrind counts the replay only (``--instructions``)
+    if counted:
+        subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())], capture_output=True)
 def cpu():  # this process and the children it reaped (a run's key stream, a flusher process)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
     return time.process_time() + c.ru_utime + c.ru_stime
 cpu0, t0 = cpu(), time.perf_counter()
+if counted:  # a warm-up of 3 requests first: the lazy imports and their bytecode are not counted
+    _read = workloads.read_workload
+    def _tiny(*a, **k):
+        wl = _read(*a, **k)
+        wl.__dict__["requests"] = wl.requests[:3]
+        return wl
+    workloads.read_workload = _tiny
+    replay_run(source, out + "-warm", policy=policy, sets=sets, backend="reference", detail=detail)
+    workloads.read_workload = _read
+count(True)
 s = replay_run(source, out, policy=policy, sets=sets, backend="reference", detail=detail)
-print(json.dumps({"cpu_s": round(cpu() - cpu0, 3), "wall_s": round(time.perf_counter() - t0, 3),
+count(False)
+print(json.dumps({"pid": os.getpid(), "cpu_s": round(cpu() - cpu0, 3), "wall_s": round(time.perf_counter() - t0, 3),
                   "steps": s.steps, "sim_s": s.sim_s, "prefix_hit_ratio": s.prefix_hit_ratio,
                   "summary": {k: v for k, v in s.to_dict().items() if k not in MEASURED}}))
 """
@@ -126,8 +155,17 @@ def summary_difference(a: dict, b: dict) -> str | None:
     return None
 
 
+def _instructions(out_prefix: Path, pid: int) -> int:
+    """The instructions callgrind counted in process ``pid`` (its ``totals:`` line)."""
+    path = Path(f"{out_prefix}.{pid}")
+    for line in path.read_text().splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    raise SystemExit(f"{path}: callgrind wrote no totals line")
+
+
 def measure(base: str, *, workload: str, policy: str, sets: list[str], requests: int, rounds: int,
-            detail: str = "counts") -> dict:
+            detail: str = "counts", instructions: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="kvtrace-ab-") as tmp:
         tmp = Path(tmp)
         (tmp / "base").mkdir()
@@ -135,14 +173,19 @@ def measure(base: str, *, workload: str, policy: str, sets: list[str], requests:
         trees = {"base": tmp / "base", "head": ROOT}
         cpu: dict[str, list[float]] = {"base": [], "head": []}
         wall: dict[str, list[float]] = {"base": [], "head": []}
+        counted: dict[str, list[int]] = {"base": [], "head": []}
         same, result = None, {}
         for r in range(rounds):
             procs = {}
             for name, root in trees.items():
                 out = tmp / f"{name}-{r}"
-                procs[name] = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD, str(root), str(out), workload, policy, str(requests), detail, *sets],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                cmd = [sys.executable, "-c", _CHILD, str(root), str(out), workload, policy, str(requests), detail, *sets]
+                env = None
+                if instructions:
+                    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                           f"--callgrind-out-file={tmp}/cg-{name}-{r}.%p", *cmd]
+                    env = {**os.environ, "KVTRACE_AB_CALLGRIND": "1"}
+                procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for name, p in procs.items():
                 stdout, stderr = p.communicate()
                 if p.returncode:
@@ -150,11 +193,18 @@ def measure(base: str, *, workload: str, policy: str, sets: list[str], requests:
                 result[name] = json.loads(stdout.strip().splitlines()[-1])
                 cpu[name].append(result[name]["cpu_s"])
                 wall[name].append(result[name]["wall_s"])
+                if instructions:
+                    counted[name].append(_instructions(tmp / f"cg-{name}-{r}", result[name]["pid"]))
             if r == 0:
                 same = (summary_difference(result["base"]["summary"], result["head"]["summary"])
                         if detail == "figures" else first_difference(tmp / "base-0", tmp / "head-0"))
         ratios = [b / h for b, h in zip(cpu["base"], cpu["head"]) if h > 0]
-        return {"base": base, "base_sha": sha, "workload": workload, "policy": policy, "sets": sets, "detail": detail,
+        extra = {}
+        if instructions:
+            extra = {"base_instructions": counted["base"], "head_instructions": counted["head"],
+                     "instructions_ratio": round(statistics.median(
+                         b / h for b, h in zip(counted["base"], counted["head"])), 4)}
+        return {**extra, "base": base, "base_sha": sha, "workload": workload, "policy": policy, "sets": sets, "detail": detail,
                 "requests": requests or None, "rounds": rounds, "steps": result["head"]["steps"],
                 "sim_s": result["head"]["sim_s"], "base_cpu_s": cpu["base"], "head_cpu_s": cpu["head"],
                 "base_wall_s": wall["base"], "head_wall_s": wall["head"],
@@ -174,13 +224,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=1, help="side-by-side rounds (the ratio is their median)")
     ap.add_argument("--detail", default="counts", choices=("counts", "figures"),
                     help="figures: figures-only runs (a plan's splits), compared by their summaries")
+    ap.add_argument("--instructions", action="store_true",
+                    help="count each side's instructions under valgrind's callgrind (deterministic; ~50x slower: "
+                         "use --requests)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.requests < 0:
         raise SystemExit("--rounds must be >= 1 and --requests >= 0")
+    if args.instructions:
+        missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
+        if missing:
+            raise SystemExit(f"--instructions needs {' and '.join(missing)} on PATH (e.g. apt install valgrind)")
     t0 = time.perf_counter()
     out = measure(args.base, workload=args.workload, policy=args.policy, sets=args.sets, requests=args.requests,
-                  rounds=args.rounds, detail=args.detail)
+                  rounds=args.rounds, detail=args.detail, instructions=args.instructions)
     out["bench_wall_s"] = round(time.perf_counter() - t0, 1)
     if args.json:
         print(json.dumps(out))
@@ -189,6 +246,9 @@ def main(argv=None) -> dict:
         for name in ("base", "head"):
             print(f"{name:6} {', '.join(f'{x:.1f}' for x in out[name + '_cpu_s']):>28} "
                   f"{', '.join(f'{x:.1f}' for x in out[name + '_wall_s']):>20}")
+        if args.instructions:
+            print(f"instructions: base {', '.join(f'{x:,}' for x in out['base_instructions'])}   head "
+                  f"{', '.join(f'{x:,}' for x in out['head_instructions'])}   ratio {out['instructions_ratio']}")
         print(f"cpu_ratio (base/head, median): {out['cpu_ratio']}   steps {out['steps']}   "
               f"identical rows: {out['identical']}" + (f" ({out['first_difference']})" if not out["identical"] else ""))
     return out

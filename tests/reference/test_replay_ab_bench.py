@@ -4,6 +4,8 @@ rows (``identical``), and a ref that is not a commit is refused in one line."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +55,29 @@ def test_a_ref_that_is_no_commit_is_refused():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "--base no-such-ref-kvtrace: not a commit" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(not _git_ok(), reason="not a git checkout: the bench exports a commit with git archive")
+@pytest.mark.skipif(_git_ok() and not _clean(), reason="replay/ or tracer/ differ from HEAD: HEAD is not this tree")
+@pytest.mark.skipif(shutil.which("valgrind") is None or shutil.which("callgrind_control") is None,
+                    reason="--instructions needs valgrind and callgrind_control on PATH")
+def test_the_same_commit_counts_the_same_instructions():
+    """Under callgrind the same code on both sides counts the same instructions (the warm-up keeps
+    the lazy imports out of the count): within 0.5 %."""
+    out = subprocess.run([sys.executable, str(BENCH), "--base", "HEAD", "--workload", "data/workloads/multi_turn",
+                          "--requests", "10", "--detail", "figures", "--instructions", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["identical"] is True and len(d["base_instructions"]) == len(d["head_instructions"]) == 1
+    assert d["head_instructions"][0] > 10_000_000
+    assert abs(d["instructions_ratio"] - 1) < 0.005, d["instructions_ratio"]
+
+
+def test_instructions_without_valgrind_are_refused_in_one_line(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # no valgrind here
+    out = subprocess.run([sys.executable, str(BENCH), "--base", "HEAD", "--instructions"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "--instructions needs valgrind and callgrind_control on PATH" in out.stderr
+    assert "Traceback" not in out.stderr
