@@ -437,6 +437,10 @@ class CoalesceMixin:
         ratio = self.ratio
         cur, decay, low = ratio.current, ratio.decay, ratio.min
         clock = self.clock_ns
+        # the samples (``_sample``) appended here: (capacity in tokens, clocks, used, page size)
+        cap_full, ts_full, used_full, ps_full = fig_full
+        if fig_swa is not None:
+            cap_swa, ts_swa, used_swa, ps_swa = fig_swa
         n = 0
         while n < most and free_full >= bs and avail_full >= bs and free_swa >= bs and avail_swa >= bs:
             need = buckets[phase]
@@ -453,11 +457,15 @@ class CoalesceMixin:
                 for i, page in zip(need, got):
                     rows[i].pages.append(page)
             phase = phase + 1 if phase + 1 < ps else 0
-            cur = max(cur - decay, low)
+            cur -= decay  # max(cur - decay, low)
+            if cur < low:
+                cur = low
             clock += step_ns
-            _sample(fig_full, clock, avail_full)
+            ts_full.append(clock)
+            used_full.append(cap_full - avail_full * ps_full)
             if fig_swa is not None:
-                _sample(fig_swa, clock, avail_swa)
+                ts_swa.append(clock)
+                used_swa.append(cap_swa - avail_swa * ps_swa)
             n += 1
         if n:
             ratio.current = cur
