@@ -76,8 +76,10 @@ class PrefillBudget:
         self.window = settings.sliding_window_tokens
         self.rem_chunk = settings.chunked_prefill_size
         self.rem_input = settings.max_prefill_tokens
-        self.total_offset = sum([min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * ratio
-                                 for r in running])
+        # min(outputs to come, CLIP) * ratio, term by term (a conditional: the builtin's call
+        # costs more than the term)
+        self.total_offset = sum([(d if (d := r.max_new_tokens - len(r.output_ids)) < CLIP_MAX_NEW_TOKENS
+                                  else CLIP_MAX_NEW_TOKENS) * ratio for r in running])
         self.current_offset = 0
         self.swa_offset = 0
         # tokens a pending tree lock would move evictable -> protected (``check_prefill`` of a

@@ -313,7 +313,8 @@ class CoalesceMixin:
                     # ``PrefillBudget.__init__``'s reservation, term by term and in batch order, on
                     # the output lengths this step would see (``ran`` tokens appended since ``left``)
                     ratio = self.ratio.current
-                    offset = sum([min(d - ran, CLIP_MAX_NEW_TOKENS) * ratio for d in left])
+                    offset = sum([(e if (e := d - ran) < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) * ratio
+                                  for d in left])  # min(d - ran, CLIP) * ratio
                     if other_possible and PrefillBudget.with_offset(model, s, offset).state() == "other":
                         break
                     budget.total_offset = offset
