@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from replay.memory.radix.match import GrowingKeys, chained_common
 
+from .side_by_side import evict_all, lock_all, unlock_all
 from .test_walk_memo_paths import PS, make_tree
 
 
@@ -89,18 +90,11 @@ def test_chained_and_page_by_page_trees_agree(seed):
             got = [_figures(tree.match(GrowingKeys(key) if memo else list(key), limit)) for tree in trees]
             assert got[0] == got[1]
         elif op < 0.85:
-            n = rng.randint(1, 8) * PS
-            for tree in trees:
-                tree.evict(full_tokens=n, swa_tokens=n)
+            evict_all(trees, rng.randint(1, 8) * PS)
         elif op < 0.95:
-            for tree, held in zip(trees, locks):
-                m = tree.match(list(key))
-                if m.last_device_node is not tree.root:
-                    held.append(tree.lock(m.last_device_node))
+            lock_all(trees, locks, key)
         else:
-            for tree, held in zip(trees, locks):
-                if held:
-                    tree.unlock(held.pop(0))
+            unlock_all(trees, locks)
         for tree in trees:
             tree.check_integrity()
         assert _shape(trees[0]) == _shape(trees[1])

@@ -13,19 +13,14 @@ import types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.memory.allocator import PagedAllocator
-from replay.memory.host_pool import HostPool
 from replay.memory.radix import RadixTree
-from replay.memory.swa_allocator import SWAKVPools
+
+from .side_by_side import evict_all, lock_all, unlock_all
+from .test_walk_memo_paths import make_tree, room_for
 
 
-def _tree(ps: int, window: int, hicache: bool, pages: int = 96) -> RadixTree:
-    pools = SWAKVPools(PagedAllocator(pages * ps, ps, name="full"), PagedAllocator(pages * ps, ps, name="swa"))
-    host = {}
-    if hicache:
-        host = dict(host_full=HostPool(pages * ps, ps, "eager_cat", "host_full"),
-                    host_swa=HostPool(pages * ps, ps, "eager_cat", "host_swa"))
-    return RadixTree(pools, ps, window_tokens=window, **host)
+def _tree(ps: int, window: int, hicache: bool) -> RadixTree:
+    return make_tree(hicache, pages=96, ps=ps, window=window)
 
 
 def _split_twice(self, parent, key, pages, pos, n, ws_pages, priority):
@@ -79,10 +74,7 @@ def _run(seed: int) -> int:
             prio = rng.randrange(3)
             got = []
             for tree in trees:
-                need = n + 2
-                if tree.pools.full.available_pages() < need or tree.pools.swa.available_pages() < need:
-                    tree.evict(full_tokens=need * ps, swa_tokens=need * ps)
-                if tree.pools.full.available_pages() < n or tree.pools.swa.available_pages() < n:
+                if not room_for(tree, n, ps):
                     got.append(None)
                     continue
                 fresh = tree.pools.alloc_extend_pages([0], [n * ps])[0]
@@ -95,18 +87,11 @@ def _run(seed: int) -> int:
             for tree in trees:
                 tree.match(list(key))
         elif op < 0.8:
-            k = rng.randint(1, 8) * ps
-            for tree in trees:
-                tree.evict(full_tokens=k, swa_tokens=k)
+            evict_all(trees, rng.randint(1, 8) * ps)
         elif op < 0.92:
-            for tree, held in zip(trees, locks):
-                m = tree.match(list(key))
-                if m.last_device_node is not tree.root:
-                    held.append(tree.lock(m.last_device_node))
+            lock_all(trees, locks, key)
         else:
-            for tree, held in zip(trees, locks):
-                if held:
-                    tree.unlock(held.pop(0))
+            unlock_all(trees, locks)
         for tree in trees:
             tree.check_integrity()
         assert _state(trees[0]) == _state(trees[1])

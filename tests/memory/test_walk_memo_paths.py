@@ -19,19 +19,28 @@ from .conftest import seq
 PS, WINDOW = 2, 4
 
 
-def make_tree(hicache: bool = False, pages: int = 64) -> RadixTree:
-    pools = SWAKVPools(PagedAllocator(pages * PS, PS, name="full"), PagedAllocator(pages * PS, PS, name="swa"))
+def make_tree(hicache: bool = False, pages: int = 64, ps: int = PS, window: int = WINDOW) -> RadixTree:
+    pools = SWAKVPools(PagedAllocator(pages * ps, ps, name="full"), PagedAllocator(pages * ps, ps, name="swa"))
     host = {}
     if hicache:
-        host = dict(host_full=HostPool(pages * PS, PS, "eager_cat", "host_full"),
-                    host_swa=HostPool(pages * PS, PS, "eager_cat", "host_swa"))
-    return RadixTree(pools, PS, window_tokens=WINDOW, **host)
+        host = dict(host_full=HostPool(pages * ps, ps, "eager_cat", "host_full"),
+                    host_swa=HostPool(pages * ps, ps, "eager_cat", "host_swa"))
+    return RadixTree(pools, ps, window_tokens=window, **host)
 
 
 def put(tree: RadixTree, key: list[int]):
     """Insert ``key`` with fresh pages (the tree frees the duplicates); its last node."""
     pages = tree.pools.alloc_extend_pages([0], [len(key) * PS])[0]
     return tree.insert(key, pages).last_node
+
+
+def room_for(tree: RadixTree, pages: int, ps: int = PS) -> bool:
+    """Evict for ``pages`` pages and two more where either pool is short; whether they fit."""
+    full, swa = tree.pools.full, tree.pools.swa
+    need = pages + 2
+    if full.available_pages() < need or swa.available_pages() < need:
+        tree.evict(full_tokens=need * ps, swa_tokens=need * ps)
+    return full.available_pages() >= pages and swa.available_pages() >= pages
 
 
 def shape(result) -> tuple:
@@ -256,10 +265,7 @@ def test_peek_and_pure_walks_are_pure_reads_of_what_match_and_touch_many_do():
         key = stem[: rng.randint(1, 8)] + [9_000 + rng.randrange(5) for _ in range(rng.randint(0, 3))]
         op = rng.random()
         if op < 0.35:
-            need = len(key) + 2
-            if tree.pools.full.available_pages() < need or tree.pools.swa.available_pages() < need:
-                tree.evict(full_tokens=need * PS, swa_tokens=need * PS)
-            if tree.pools.full.available_pages() >= len(key) and tree.pools.swa.available_pages() >= len(key):
+            if room_for(tree, len(key)):
                 put(tree, key)
         elif op < 0.5:
             tree.evict(full_tokens=rng.randint(1, 4) * PS, swa_tokens=rng.randint(0, 4) * PS)

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from replay.backends.reference.refresh import RefreshWindow
 from replay.memory.radix.match import GrowingKeys
 from tests.memory.conftest import seq
-from tests.memory.test_walk_memo_paths import PS, make_tree, put
+from tests.memory.test_walk_memo_paths import PS, make_tree, put, room_for
 
 
 class Req:
@@ -59,10 +59,7 @@ def _program(seed: int, width: int) -> tuple[int, int, int]:
         op = rng.random()
         if op < 0.15:
             k = key()
-            need = len(k) + 2
-            if tree.pools.full.available_pages() < need or tree.pools.swa.available_pages() < need:
-                tree.evict(full_tokens=need * PS, swa_tokens=need * PS)
-            if tree.pools.full.available_pages() >= len(k) and tree.pools.swa.available_pages() >= len(k):
+            if room_for(tree, len(k)):
                 put(tree, k)
         elif op < 0.22:
             tree.evict(full_tokens=rng.randint(1, 4) * PS, swa_tokens=rng.randint(0, 4) * PS)

@@ -184,20 +184,15 @@ class InsertMixin:
         clock = c0 + 2.0
         born = leaf.creation_time
         chain = []  # top down: (node, its first page)
-        if live > pos:
-            tomb = Node(nid, key[pos:live], None, clock)
-            nid += 1
-            tomb.creation_time = born
-            leaf.last_access = clock + 2.0
-            clock += 3.0
-            chain.append((tomb, pos))
-        if cut > live:
-            mid = Node(nid, key[live:cut], None, clock)
-            nid += 1
-            mid.creation_time = born
-            leaf.last_access = clock + 2.0
-            clock += 3.0
-            chain.append((mid, live))
+        for start, end in ((pos, live), (live, cut)):  # the tombstone, the SWA part: split off in turn
+            if end > start:
+                part = Node(nid, key[start:end], None, clock)
+                nid += 1
+                part.creation_time = born
+                leaf.last_access = clock + 2.0  # the split re-stamps the leaf
+                clock += 3.0
+                chain.append((part, start))
+        mid = chain[-1][0] if cut > live else None
         chain.append((leaf, cut))
         self._next_node_id = nid
         self.clock = clock
@@ -218,7 +213,7 @@ class InsertMixin:
         self.num_nodes += len(chain)
         self._update_leaf_sets(leaf)
         self._update_leaf_sets(parent)
-        if cut > live:
+        if mid is not None:
             self._set_swa(mid, self.pools.translate(mid.full))
         self._set_swa(leaf, self.pools.translate(leaf.full))
         return leaf
