@@ -255,4 +255,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the children got the same SIGINT; the temporary trees are removed
+        sys.stderr.write("replay_ab: interrupted by SIGINT (no figures)\n")
+        raise SystemExit(130) from None
