@@ -37,8 +37,14 @@ def report(target: str, out: str, do_replay: bool, backend: str, resample: str, 
         click.echo(json.dumps(res, default=str))
         return
     verdict = f"{res['verdict']}" + (f" ({res['primary_cause']})" if res["primary_cause"] else "")
-    click.echo(f"wrote {res['out']}: verdict {verdict if res['verdict'] else 'not diagnosed'}, "
-               f"{len(res['figures'])} figures" + (", replayed proof" if res["proof"] else ""))
+    if not res["diagnosis"] and (res.get("plan") or res.get("capacity")):  # a plan's or curve's sections only
+        args = (res.get("plan") or {}).get("server_args")
+        what = ("capacity curves" if not res.get("plan") else
+                f"capacity plan, recommended {' '.join(args)}" if args else "capacity plan, no feasible split")
+        click.echo(f"wrote {res['out']}: {what}")
+    else:
+        click.echo(f"wrote {res['out']}: verdict {verdict if res['verdict'] else 'not diagnosed'}, "
+                   f"{len(res['figures'])} figures" + (", replayed proof" if res["proof"] else ""))
     if res["proof"]:
         click.echo(f"proof: {res['proof']['conclusion']}")
     for c in res.get("codes") or []:

@@ -142,6 +142,15 @@ def test_the_report_of_a_plan_draws_its_curves(planned, tmp_path):
     assert "Capacity plan (0.4 GB)" in page and "--swa-full-tokens-ratio 0.1" in page and "knee at ratio 0.1" in page
 
 
+def test_kvtrace_report_of_a_plan_names_the_recommendation(planned, tmp_path):
+    """The command's line names the plan's recommended arguments (not "0 figures": a plan's report
+    has no evidence figures, only its own section)."""
+    out, res = planned
+    r = CliRunner().invoke(main, ["report", str(out), "--out", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    assert f"capacity plan, recommended {' '.join(res.server_args)}" in r.output and "0 figures" not in r.output
+
+
 def test_the_report_of_an_incomplete_plan_says_so(planned, tmp_path):
     import shutil
 
