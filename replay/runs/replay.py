@@ -116,14 +116,22 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
     finally:
         if bar:
             bar.close()
-    if getattr(rec.result, "stopped", "") and rec.figures is None:  # the trace says it ends early on purpose
-        from tracer.schema.manifest import update_manifest
+    try:
+        if getattr(rec.result, "stopped", "") and rec.figures is None:  # the trace says it ends early on purpose
+            from tracer.schema.manifest import update_manifest
 
-        update_manifest(out, lambda m: m.setdefault("run", {}).update(stopped=rec.result.stopped))
-    summary = _summarize(out, rec, run_block)
-    if code is not None:
-        summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})
-    return _with_gb(out, summary, kv_bytes, rec.figures)
+            update_manifest(out, lambda m: m.setdefault("run", {}).update(stopped=rec.result.stopped))
+        summary = _summarize(out, rec, run_block)
+        if code is not None:
+            summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})
+        return _with_gb(out, summary, kv_bytes, rec.figures)
+    except KeyboardInterrupt as e:  # after the last step: the trace is whole, its summary is not
+        from replay.errors import Interrupted
+
+        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        kept = "the trace is complete" if rec.figures is None else "a figures-only run keeps nothing"
+        raise Interrupted(sig, f"{out}: interrupted by {sig} after the replay's last step, while writing its "
+                               f"summary: {kept}; its summary.json is not written (replay again with --force)") from None
 
 
 def _kv_bytes(source: Path, model: str | None) -> dict:

@@ -46,10 +46,32 @@ def _replay_until_recording(workload, out, seed: int):
     deadline = time.monotonic() + 120
     while not _pool_rows_flushed(out) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(random.Random(seed).random())
+    # the run's last pool rows come ~1 s after its first on this machine (a 1,500-request replay
+    # takes ~2.5 s with start-up): a short random delay lands the signal mid-run
+    time.sleep(0.25 * random.Random(seed).random())
     if p.poll() is not None:
         pytest.fail(f"the replay ended before the signal (rc {p.returncode}): {p.stderr.read()[-2000:]}")
     return p
+
+
+def test_an_interrupt_while_summarizing_says_the_trace_is_complete(tmp_path, workload, monkeypatch):
+    """A signal after the replay's last step (while its summary is written) says so: the trace is
+    complete, the summary is not written (the CLI turns SIGTERM into this KeyboardInterrupt)."""
+    from replay.errors import Interrupted
+    from replay.runs import replay as runs_replay
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt("SIGTERM")
+
+    monkeypatch.setattr(runs_replay, "_summarize", interrupted)
+    out = tmp_path / "r"
+    with pytest.raises(Interrupted) as err:
+        runs_replay.replay_run(workload, out, backend="reference", policy="swa-fixes")
+    assert err.value.exit_code == 143
+    msg = str(err.value)
+    assert str(out) in msg and "after the replay's last step" in msg and "the trace is complete" in msg
+    strict = run("inspect", "--strict", "--json", out)
+    assert strict.returncode == 0 and json.loads(strict.stdout)["state"] == "complete", strict.stdout
 
 
 def _leftover_processes(out) -> list[str]:
