@@ -359,6 +359,17 @@ class DeviceAllocator:
         chunks = [c for c in chunks if len(c)]
         if not chunks:
             return
+        if self._group_pages is None and self.device_free == "prepend":
+            # ``_release`` of the chunks joined (the later in front), without joining them: the
+            # same emit and the same free list
+            n = sum(map(len, chunks))
+            if self.emit is not None:
+                self.emit(self.pool_code, _FREE, -1, n * self.page_size, n)
+            rev = self._rev
+            for c in chunks:
+                rev.extend(reversed(c))
+            self.num_cat_elems += len(rev)
+            return
         if len(chunks) == 1:
             flat = chunks[0]
             if self._group_pages is not None or self.device_free == "sorted_merge":
