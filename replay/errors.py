@@ -47,4 +47,10 @@ class Interrupted(KvtraceError):
         return 128 + int(getattr(signal, self.signal_name, signal.SIGINT))
 
 
-__all__ = ["KvtraceError", "DataLostError", "Interrupted", "EXIT_LOST", "EXIT_REFUSED", "EXIT_INTERNAL"]
+def signal_of(e: KeyboardInterrupt) -> str:
+    """The signal that stopped a command: the name the CLI's handler put in the KeyboardInterrupt
+    (``SIGTERM``), else ``SIGINT`` (Python's own Ctrl-C)."""
+    return e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+
+
+__all__ = ["KvtraceError", "DataLostError", "Interrupted", "EXIT_LOST", "EXIT_REFUSED", "EXIT_INTERNAL", "signal_of"]

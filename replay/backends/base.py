@@ -28,7 +28,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any, Callable, Iterable, Protocol
 
-from replay.errors import DataLostError, Interrupted
+from replay.errors import DataLostError, Interrupted, signal_of
 
 #: Why a request left: ``finished`` (stop token or length), ``retract_oom`` (aborted by the
 #: retraction path: out of memory even alone), ``too_long`` (refused at arrival: the prompt does
@@ -301,7 +301,7 @@ def _record_figures(workload: Any, out: Path, run_loop: Callable[[RunObserver], 
 def _interrupted(e: KeyboardInterrupt, out: Path, observer: RunObserver | None, workload: Any,
                  kept: str) -> Interrupted:
     """The error of a run stopped by ``e`` (SIGINT, or the signal the CLI turned into it)."""
-    sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+    sig = signal_of(e)
     done = observer.done if observer is not None else 0
     return Interrupted(sig, f"{out}: interrupted by {sig} after {done} of {len(workload.requests)} requests; {kept}")
 

@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from replay.errors import EXIT_INTERNAL, EXIT_REFUSED, Interrupted, KvtraceError
+from replay.errors import EXIT_INTERNAL, EXIT_REFUSED, Interrupted, KvtraceError, signal_of
 
 # (module, attribute) of each click command/group added to ``kvtrace``. Each owner adds its line.
 _SUBCOMMANDS: list[tuple[str, str]] = [
@@ -115,7 +115,7 @@ def _describe(e: BaseException) -> tuple[int, str]:
     if isinstance(e, KvtraceError):
         return e.exit_code, suggest(str(e))
     if isinstance(e, KeyboardInterrupt):
-        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        sig = signal_of(e)
         return Interrupted(sig).exit_code, f"interrupted by {sig}"
     if isinstance(e, SchemaError):
         return EXIT_REFUSED, str(e)

@@ -126,9 +126,9 @@ def replay_run(source: str | Path, out: str | Path, *, policy: str = "recorded",
             summary = RunSummary.from_dict(summary.to_dict() | {"code": run_block["code"]})
         return _with_gb(out, summary, kv_bytes, rec.figures)
     except KeyboardInterrupt as e:  # after the last step: the trace is whole, its summary is not
-        from replay.errors import Interrupted
+        from replay.errors import Interrupted, signal_of
 
-        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        sig = signal_of(e)
         kept = "the trace is complete" if rec.figures is None else "a figures-only run keeps nothing"
         raise Interrupted(sig, f"{out}: interrupted by {sig} after the replay's last step, while writing its "
                                f"summary: {kept}; its summary.json is not written (replay again with --force)") from None

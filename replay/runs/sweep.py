@@ -227,14 +227,14 @@ def sweep(source: str | Path, out: str | Path, *, policies, grid=(), sets=(), jo
             for s in specs:
                 results.setdefault(s.key, {"run": s.key, "status": "skipped", "error": why})
     except KeyboardInterrupt as e:  # SIGINT, or SIGTERM through signals_as_interrupts
-        from replay.errors import Interrupted
+        from replay.errors import Interrupted, signal_of
 
         for s in specs:  # a run may have completed after the last result was collected
             complete = (out / s.rel_dir / SUMMARY_FILE).is_file()
             results.setdefault(s.key, {"run": s.key, "status": "ok" if complete else "interrupted",
                                        "error": "" if complete else "sweep interrupted"})
         _write_table(out, specs, results, grid)
-        sig = e.args[0] if e.args and str(e.args[0]).startswith("SIG") else "SIGINT"
+        sig = signal_of(e)
         done = sum(r["status"] == "ok" for r in results.values())
         raise Interrupted(sig, f"{out}: sweep interrupted by {sig} with {done} of {len(specs)} runs complete; "
                                "run the same command again to resume") from None

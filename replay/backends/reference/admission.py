@@ -9,7 +9,6 @@ A mixin of :class:`replay.backends.reference.scheduler.ReferenceBackend` (its st
 
 from __future__ import annotations
 
-
 import tracer
 from replay.backends.reference.budget import CLIP_MAX_NEW_TOKENS, PrefillBudget, ceil_page
 from replay.backends.reference.coalesce import HeadRefusal
@@ -24,8 +23,8 @@ _WAITING_QUEUE_PREFIX_MATCH_MAX = 128
 class AdmissionMixin:
     """Prefill batch selection (see the module docstring)."""
 
-    #: the last waiting-queue refresh's requests and walk memos (``refresh.RefreshWindow``), set
-    #: by the backend's ``__enter__``
+    #: the last waiting-queue refresh's requests and walk memos (``refresh.RefreshWindow``), made
+    #: at the first refresh that walks with the memo on
     _refresh_window: RefreshWindow | None = None
     #: refreshes answered by the window: no walk but the new requests' and the voided memos'
     #: (a diagnostic)
