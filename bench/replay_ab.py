@@ -32,6 +32,10 @@ replay's time is the interpreter's: its changes this session read the same way o
 CPU figures could tell. Under callgrind a run takes ~50x longer: use ``--requests`` (production_1h's
 first 1500 arrivals: ~9.2 G instructions, ~90 s a side).
 
+Each side's process dies with the bench (``replay.procs.die_with_parent``): Ctrl-C, SIGTERM or
+kill -9 of the bench leaves no replay or valgrind running (after kill -9 its temporary directory
+stays in /tmp, as any SIGKILLed ``TemporaryDirectory``).
+
 Measured 2026-12-04 (session 18), production_1h at the plan's best split (``--set
 full_pool_tokens=225008 --set swa_pool_tokens=18000 --set stop_on_retraction=on``), base
 ``a954019`` (before the session's speed changes): see docs/capacity.md "Session 18".
@@ -64,6 +68,12 @@ sets = sys.argv[7:]
 sys.path.insert(0, root)
 import replay
 assert replay.__file__.startswith(root), replay.__file__
+try:  # killed with the bench (kill -9 included), not left running orphaned
+    import signal
+    from replay.procs import die_with_parent
+    die_with_parent(signal.SIGKILL)
+except ImportError:  # a base tree older than it
+    pass
 import replay.workloads as workloads
 if int(n):
     read = workloads.read_workload
