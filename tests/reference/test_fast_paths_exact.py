@@ -149,6 +149,9 @@ def test_stretches_run_on_a_pressured_swa_workload():
     # a stretch also starts after a finish changed the tree elsewhere, the head's match unchanged
     # (re-walked as a pure read), exactly: the comparisons above cover these stretches too
     assert be.stretch_rematches > 10, be.stretch_rematches
+    # most finishing steps run as a stretch's last step (their finishes by the normal path's own
+    # ``_process_decode``), exactly: the comparisons above cover these too
+    assert be.stretch_finishes > normal / 4, (be.stretch_finishes, normal)
     # and a refresh over the same first waiting requests and an unchanged tree reuses the last one's
     # walks (the comparisons above run the step-by-step side with the walk memo, and so this, off)
     assert be.refresh_reuses > 10, be.refresh_reuses

@@ -104,6 +104,8 @@ class CoalesceMixin:
     stretch_rematches: int = 0
     #: steps a figures-only stretch ran in its tight loop (``_plain_steps``; a diagnostic)
     plain_steps: int = 0
+    #: finishing steps a stretch ran as its last (``_finish_step``; a diagnostic)
+    stretch_finishes: int = 0
 
     @property
     def _eic(self) -> bool:
@@ -147,10 +149,12 @@ class CoalesceMixin:
         self.stretch_rematches += 1
         return True
 
-    def _stretch_limit(self, arrivals_quiet: bool) -> int:
-        """Most quiet steps from now by arrivals and finishes alone (0: none); with
-        ``arrivals_quiet`` (requests are waiting: an arrival joins the queue's tail and changes no
-        decision) by finishes alone."""
+    def _stretch_limit(self, arrivals_quiet: bool) -> tuple[int, bool]:
+        """Most quiet steps from now by arrivals and finishes alone (0: none), and whether the
+        step right after them is a finishing step the stretch may run as its last (``finishing``:
+        some request finishes at it and no arrival is due before it); with ``arrivals_quiet``
+        (requests are waiting: an arrival joins the queue's tail and changes no decision) by
+        finishes alone."""
         s = self.settings
         bs = len(self.running)
         step_ns = s.step_fixed_ns + s.step_per_token_ns * bs
@@ -158,16 +162,18 @@ class CoalesceMixin:
         if not arrivals_quiet and self._next_arrival < len(self._pending):
             gap = self._pending[self._next_arrival].arrival_ns - self.clock_ns
             if gap <= 0:
-                return 0
+                return 0, False
             if step_ns > 0:
                 limit = -(-gap // step_ns)  # steps whose begin clock is still before the arrival
+        finishing = False
         for r in self.running:
             stop = r.finish_index - len(r.output_ids)
             if stop < limit:
-                if stop <= 0:
-                    return 0
+                if stop < 0:
+                    return 0, False
                 limit = stop
-        return limit
+                finishing = True  # (the arrival's limit is larger: the finishing step begins before it)
+        return limit, finishing
 
     def _coalesce_ready(self) -> bool:
         s = self.settings
@@ -196,9 +202,13 @@ class CoalesceMixin:
         # arrival joins the tail and changes nothing but the queue (the refresh, which reads the
         # queue's first 128, ends the stretch), so it is admitted inside the stretch
         arrivals_quiet = bool(self.waiting)
-        limit = self._stretch_limit(arrivals_quiet)
-        if limit <= 0:
+        limit, finishing = self._stretch_limit(arrivals_quiet)
+        if limit <= 0 and not finishing:
             return 0
+        # with ``finishing``, the step after the ``limit`` quiet ones runs here too, its finishes
+        # as the normal path's ``_process_decode`` runs them (``_finish_step``), and ends the stretch
+        end = limit + 1 if finishing else limit
+        finished = False
         case = self._admission_case()  # (after the limit: it may walk the head's key again)
         if case is None:
             return 0
@@ -268,8 +278,8 @@ class CoalesceMixin:
         # inside the stretch (``_catch_up``); what reads them here adds the lag
         ran = flushed = deferred = 0  # deferred: the head's matches not yet applied
         plain = fig is not None and not self.check_integrity_every  # see ``_plain_steps``
-        while ran < limit:
-            if plain and ran and countdown > 0 and (head is None or (
+        while ran < end:
+            if plain and ran and ran < limit and countdown > 0 and (head is None or (
                     refresh % _REFRESH_INTERVAL and ran < next_check and not other_possible)):
                 most = min(limit - ran, countdown, self._steps_to_arrival(step_ns))
                 if head is not None:
@@ -371,6 +381,14 @@ class CoalesceMixin:
             self._idle_streak = 0
             self._sampled_idle = False
             self.trace_ct += 1
+            if ran == limit:  # the finishing step: its finishes before its samples, as the normal path
+                if deferred:  # the head's matches (this step's too) come before the finishes
+                    self._apply_head_matches(head, deferred)
+                    deferred = 0
+                self._finish_step(batch, rows, ran - flushed)
+                flushed = ran + 1
+                finished = True
+                self.stretch_finishes += 1
             if fig is not None:  # the step's samples, at its end clock (as its ``stats`` rows)
                 _sample(fig_full, self.clock_ns, full.available_pages())
                 if fig_swa is not None:
@@ -403,8 +421,20 @@ class CoalesceMixin:
                 self._prefix_refresh_calls = refresh
                 if deferred:
                     self._apply_head_matches(head, deferred)
-                head.version = model.tree.version
+                if not finished:  # (a finish's insert may change the head's match: the next stretch peeks)
+                    head.version = model.tree.version
         return ran
+
+    def _finish_step(self, batch, rows, lag: int) -> None:
+        """The end of a stretch's finishing step (its allocations, clock and counters done): the
+        ``lag`` steps before it applied (``_catch_up``: none of them finishes), this step's
+        lengths and decode indices as ``_prepare_decode`` advances them, then its tokens, releases
+        and completions by the normal path's own ``_process_decode``, in batch order."""
+        _catch_up(batch, rows, lag)
+        for r, st in zip(batch, rows):
+            st.seq_tokens += 1
+            r.decode_batch_idx += 1
+        self._process_decode(batch)
 
     def _steps_to_arrival(self, step_ns: int) -> int:
         """Steps from now that begin before the next pending arrival (none may be due inside a
