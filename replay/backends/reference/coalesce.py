@@ -32,7 +32,13 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
 What a normal step would do besides is provably a no-op inside a stretch (no eviction: both pools
 keep at least a page per running request on their free lists; no finish: each request's first
 finishing decode is found in its token plan; no tree change: ``RadixTree.version`` and the lock
-counts stay as they were). The head's match touches the tree on every step (recency stamps, SWA
+counts stay as they were). The one exception is a stretch's last step: where the first step at
+which some request finishes comes before any due arrival, the stretch runs it too, as a quiet step
+up to its token appends, then the requests' lengths caught up and its tokens, releases and
+completions by the normal path's own ``_process_decode`` (the head's deferred matches applied
+first, as the admission attempt precedes them), then its samples; the release's insert may change
+the head's match, so the next stretch re-walks it (``_same_head_match``). On ``production_1h``
+11,875 finishing steps run so instead of through the normal path. The head's match touches the tree on every step (recency stamps, SWA
 LRU order): those effects are applied once when the stretch ends, with the tree clock advanced
 by the ticks the skipped matches would have taken, which leaves every stamp and every LRU order
 exactly as a step-by-step run leaves them (only stale lazy-heap entries differ, which no pop
