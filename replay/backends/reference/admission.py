@@ -95,6 +95,13 @@ class AdmissionMixin:
                 self._head_refusal = refused
             return None
         del self.waiting[:taken]
+        refused = self._refused
+        if refused is not None and self.waiting and refused.req is self.waiting[0] and self.model.tree is not None:
+            # the new head, refused by its budget check after the batch's admissions: the next
+            # step's attempt may repeat its check in a stretch (``coalesce.HeadRefusal``); its
+            # match is walked again first (version -1), as this step's inserts may change it
+            refused.version = -1
+            self._head_refusal = refused
         if new_chunked is not None:
             self.chunked_req = new_chunked
         if self.chunked_req is not None:

@@ -183,7 +183,13 @@ class CoalesceMixin:
 
     def _coalesce_ready(self) -> bool:
         s = self.settings
-        if self.last_mode != "decode" or self.chunked_req is not None or s.kv_stack == "dsv4":
+        if self.chunked_req is not None or s.kv_stack == "dsv4":
+            return False
+        if self.last_mode == "prefill":
+            # the prefill's requests join the running batch first, as the next step's batch
+            # selection merges them (``_merge_last_prefill``, which that step then finds done)
+            self._merge_last_prefill()
+        elif self.last_mode != "decode":
             return False
         active = self._active
         for r in self.running:

@@ -230,13 +230,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         self._last_retracted = 0
         if self.chunked_req is not None and self.chunked_req.extend_end > self.chunked_req.prefix_len:
             self._checkpoint(self.chunked_req)
-        last = self.last_batch
-        if last is not None and self.last_mode == "prefill":
-            keep = [r for r in last if r is not self.chunked_req and r.rid in self._active
-                    and r.in_model and r not in self.running]
-            if len(keep) < len(last):
-                self.batch_is_full = False
-            self.running.extend(keep)
+        self._merge_last_prefill()
         before = len(self.running)
         self.running = [r for r in self.running if r.rid in self._active and r.in_model]
         if len(self.running) < before:
@@ -247,6 +241,18 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
         if self.running:
             return self._update_running_batch(), "decode"
         return None, "idle"
+
+    def _merge_last_prefill(self) -> None:
+        """After a prefill step, its requests (but the chunked one, and those that finished or
+        left the model) join the running batch (sglang ``merge_batch``); a second call before the
+        next step changes nothing (they are running by then)."""
+        last = self.last_batch
+        if last is not None and self.last_mode == "prefill":
+            keep = [r for r in last if r is not self.chunked_req and r.rid in self._active
+                    and r.in_model and r not in self.running]
+            if len(keep) < len(last):
+                self.batch_is_full = False
+            self.running.extend(keep)
 
     # ---------------------------------------------------------------- forward + results
     def _charge(self, num_tokens: int) -> int:
