@@ -428,7 +428,7 @@ class CoalesceMixin:
             tracer.set_clock(self.clock_ns)  # where the last step left the sink's clock
             obs.on_decode_steps(ran, cpu_ns, self.clock_ns)
         if ran:
-            self.last_batch = list(batch)
+            self.last_batch, self.last_mode = list(batch), "decode"  # (a stretch may follow a prefill step)
             if head is not None:
                 self._prefix_refresh_calls = refresh
                 if deferred:

@@ -244,8 +244,10 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
 
     def _merge_last_prefill(self) -> None:
         """After a prefill step, its requests (but the chunked one, and those that finished or
-        left the model) join the running batch (sglang ``merge_batch``); a second call before the
-        next step changes nothing (they are running by then)."""
+        left the model) join the running batch (sglang ``merge_batch``), once: the merged batch is
+        let go (``last_batch`` None until the next step sets it), so that a second call before
+        the next step (a stretch's, then the step's own) changes nothing, ``batch_is_full``
+        included."""
         last = self.last_batch
         if last is not None and self.last_mode == "prefill":
             keep = [r for r in last if r is not self.chunked_req and r.rid in self._active
@@ -253,6 +255,7 @@ class ReferenceBackend(AdmissionMixin, DecodeMixin, CoalesceMixin):
             if len(keep) < len(last):
                 self.batch_is_full = False
             self.running.extend(keep)
+            self.last_batch = None
 
     # ---------------------------------------------------------------- forward + results
     def _charge(self, num_tokens: int) -> int:
