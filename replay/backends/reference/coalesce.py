@@ -38,25 +38,28 @@ up to its token appends, then the requests' lengths caught up and its tokens, re
 completions by the normal path's own ``_process_decode`` (the head's deferred matches applied
 first, as the admission attempt precedes them), then its samples; the release's insert may change
 the head's match, so the next stretch re-walks it (``_same_head_match``). On ``production_1h``
-11,875 finishing steps run so instead of through the normal path. The head's match touches the tree on every step (recency stamps, SWA
-LRU order): those effects are applied once when the stretch ends, with the tree clock advanced
-by the ticks the skipped matches would have taken, which leaves every stamp and every LRU order
-exactly as a step-by-step run leaves them (only stale lazy-heap entries differ, which no pop
-sees). The waiting-queue prefix refresh (every 32nd admission) runs inside the stretch when
-none of its walks splits a node (:class:`replay.backends.reference.refresh.RefreshWindow`: the
-last refresh's walk memos where they stand, the others walked again as pure reads; no split, so
-the head's match and lock stand): the head's matches before it are applied, then its touches, as
-a step-by-step run orders them. A stretch stops before a refresh that would split (or that an
-arrival due at its step would join), before an integrity check is due, and before any step it
-cannot prove quiet.
+11,875 finishing steps run so instead of through the normal path. The head's match touches the tree
+on every step (recency stamps, SWA LRU order): those effects are applied once when the stretch
+ends, with the tree clock advanced by the ticks the skipped matches would have taken, which leaves
+every stamp and every LRU order exactly as a step-by-step run leaves them (only stale lazy-heap
+entries differ, which no pop sees). The waiting-queue prefix refresh (every 32nd admission) runs
+inside the stretch when none of its walks splits a node
+(:class:`replay.backends.reference.refresh.RefreshWindow`: the last refresh's walk memos where they
+stand, the others walked again as pure reads; no split, so the head's match and lock stand): the
+head's matches before it are applied, then its touches, as a step-by-step run orders them. A
+stretch stops before a refresh that would split (or that an arrival due at its step would join),
+before an integrity check is due, and before any step it cannot prove quiet.
 
 A stretch may start right after a finish: the finished requests leave the running batch first,
 as the next step's batch selection drops them, and where the finish's insert changed the tree,
 the refused head's walk is run again as a pure read (``RadixTree.peek``); the same hits and
-anchor mean the same refusal.
+anchor mean the same refusal. It may also start right after a prefill step: that step's requests
+join the running batch as the next step's batch selection joins them
+(``_merge_last_prefill``), and a head its admission refused after admitting others is the
+refusal memo, its match re-walked the same way first.
 
 Exactness is tested row by row against the step-by-step run (``decode_coalescing=off``) on the
-differential cases, every bundled workload and Hypothesis workloads
+differential cases, every bundled workload, a model without SWA and Hypothesis workloads
 (``tests/reference/test_fast_paths_exact.py``, which also covers the radix walk memo).
 
 A mixin of :class:`replay.backends.reference.scheduler.ReferenceBackend`.
