@@ -293,19 +293,24 @@ class CoalesceMixin:
         # inside the stretch (``_catch_up``); what reads them here adds the lag
         ran = flushed = deferred = 0  # deferred: the head's matches not yet applied
         plain = fig is not None and not self.check_integrity_every  # see ``_plain_steps``
+        # the plain loop runs the out-of-window releases of its steps itself (not under EIC with
+        # a refused head: a release may change the head's match there, so the stretch stops)
+        releases = (batch, rows, trig) if release and not eic_head else None
         while ran < end:
-            if plain and ran and ran < limit and countdown > 0 and (head is None or (
+            if plain and ran and ran < limit and (countdown > 0 or releases is not None) and (head is None or (
                     refresh % _REFRESH_INTERVAL and ran < next_check and not other_possible)):
-                most = min(limit - ran, countdown, self._steps_to_arrival(step_ns))
+                most = min(limit - ran, self._steps_to_arrival(step_ns))
+                if releases is None:
+                    most = min(most, countdown)
                 if head is not None:
                     most = min(most, _REFRESH_INTERVAL - refresh % _REFRESH_INTERVAL,
                                next_check - ran)
-                n, phase, cpu = self._plain_steps(most, buckets, phase, rows, step_ns, fig_full, fig_swa)
+                n, phase, cpu, countdown = self._plain_steps(most, buckets, phase, rows, step_ns, fig_full, fig_swa,
+                                                             countdown, releases, ran - flushed)
                 if n:
                     self.plain_steps += n
                     cpu_ns += cpu
                     ran += n
-                    countdown -= n
                     if head is not None:
                         refresh += n
                         deferred += n
@@ -462,13 +467,17 @@ class CoalesceMixin:
         return (gap - 1) // step_ns + 1 if step_ns > 0 else _NEVER
 
     def _plain_steps(self, most: int, buckets: list, phase: int, rows: list, step_ns: int, fig_full: tuple,
-                     fig_swa: tuple | None) -> tuple[int, int, int]:
+                     fig_swa: tuple | None, countdown: int, releases: tuple | None,
+                     lag: int) -> tuple[int, int, int, int]:
         """At most ``most`` steps of a figures-only stretch that do nothing but decode (no arrival
-        due, no release, no refresh and no budget check of the refused head at them): each
-        step's precondition (both free lists hold a page per running request), its page
-        allocations, the ratio's decay, the clock and counters, its pool samples, all in one
-        tight loop, exactly as the stretch's own step. Returns (steps run, the next phase, their
-        CPU ns)."""
+        due, no refresh and no budget check of the refused head at them): each step's
+        precondition (both free lists hold a page per running request), its out-of-window
+        releases where ``countdown`` says one is due (``releases``: the stretch's batch, rows and
+        trigger lengths, the requests' lengths ``lag`` steps behind at the first step; None: no
+        release may be due, ``most`` stops before it), its page allocations, the ratio's decay,
+        the clock and counters, its pool samples, all in one tight loop, exactly as the
+        stretch's own step. Returns (steps run, the next phase, their CPU ns, the steps to the
+        next release)."""
         t0 = perf_counter_ns()
         model = self.model
         pools = model.pools
@@ -489,6 +498,11 @@ class CoalesceMixin:
             cap_swa, ts_swa, used_swa, ps_swa = fig_swa
         n = 0
         while n < most and free_full >= bs and avail_full >= bs and free_swa >= bs and avail_swa >= bs:
+            if countdown <= 0:  # this step's releases, before its allocations (``_prepare_decode``)
+                countdown = self._stretch_releases(*releases, lag + n)
+                free_swa = swa.free_list_pages()
+                avail_swa = swa.available_pages()
+            countdown -= 1
             need = buckets[phase]
             if need:
                 k = len(need)
@@ -526,7 +540,7 @@ class CoalesceMixin:
             self._idle_streak = 0
             self._sampled_idle = False
             self._last_retracted = 0  # (``batch_is_full`` stays as the stretch's last step set it)
-        return n, phase, perf_counter_ns() - t0
+        return n, phase, perf_counter_ns() - t0, countdown
 
     def _refused_for(self, budget: PrefillBudget, head: HeadRefusal, grow: float, countdown: int) -> int:
         """Checks of the head, this step's included, that are refused as this one was, proven
