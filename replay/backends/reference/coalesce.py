@@ -23,10 +23,11 @@ consecutive quiet steps in one tight loop that does, per step, only what can sti
   pool (``detail="figures"``, :mod:`replay.backends.figures`) keeps of these only what its sink
   reads: each step's pool samples (appended to the sink's arrays), the head's ``match`` once (its
   host hit is the same every step) and the release rows; the observer hears of the stretch once
-  (``RunObserver.on_decode_steps``). Its *plain* steps (no arrival due, no release, no refresh
-  and no budget check of the refused head at them: each of those is known a number of steps
-  ahead) run in one tight loop (``_plain_steps``) that does only their allocations, the ratio's
-  decay, the clock, the counters and the samples, the free lists' room kept in local counters
+  (``RunObserver.on_decode_steps``). Its *plain* steps (no arrival due, no refresh and no
+  budget check of the refused head at them: each of those is known a number of steps ahead) run
+  in one tight loop (``_plain_steps``) that does only their out-of-window releases (where the
+  countdown says; not under EIC with a refused head), allocations, the ratio's decay, the clock,
+  the counters and the samples, the free lists' room kept in local counters
   (``tests/reference/test_plain_steps.py``: the samples are the traced run's ``stats`` rows).
 
 What a normal step would do besides is provably a no-op inside a stretch (no eviction: both pools
@@ -113,6 +114,8 @@ class CoalesceMixin:
     stretch_rematches: int = 0
     #: steps a figures-only stretch ran in its tight loop (``_plain_steps``; a diagnostic)
     plain_steps: int = 0
+    #: release steps the plain loop ran (``_plain_steps``' releases; a diagnostic)
+    plain_releases: int = 0
     #: finishing steps a stretch ran as its last (``_finish_step``; a diagnostic)
     stretch_finishes: int = 0
 
@@ -500,6 +503,7 @@ class CoalesceMixin:
         while n < most and free_full >= bs and avail_full >= bs and free_swa >= bs and avail_swa >= bs:
             if countdown <= 0:  # this step's releases, before its allocations (``_prepare_decode``)
                 countdown = self._stretch_releases(*releases, lag + n)
+                self.plain_releases += 1
                 free_swa = swa.free_list_pages()
                 avail_swa = swa.available_pages()
             countdown -= 1
