@@ -118,14 +118,17 @@ class KVCacheModel:
         return self.tree.peek(self._key(page_hashes, None), limit)
 
     @_op
-    def touch(self, page_hashes: Sequence[int]) -> None:
-        """``match`` for its effects only (recency, splits, SWA LRU), no result: what the
-        scheduler's waiting-queue prefix refresh does with the matches it discards."""
+    def touch(self, page_hashes: Sequence[int], max_tokens: int | None = None) -> None:
+        """``match`` (``max_tokens`` as there) for its effects only (recency, splits, SWA LRU), no
+        result: what the scheduler's waiting-queue prefix refresh does with the matches it
+        discards (a cache's own ``match`` beside its tree's is a pure read: EIC's SWA count)."""
         touch = getattr(self.cache, "touch", None)
         if touch is None:
-            self.cache.match(self._key(page_hashes, None))
+            self.cache.match(self._key(page_hashes, max_tokens))
+        elif max_tokens is not None and self.cache.match_limit:
+            touch(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
         else:
-            touch(self._key(page_hashes, None))
+            touch(self._key(page_hashes, max_tokens))
 
     @_op
     def touch_many(self, page_hashes_list: Sequence[Sequence[int]]) -> list | None:

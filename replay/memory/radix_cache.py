@@ -67,9 +67,9 @@ class RadixCache:
         """Prefix match of at most ``limit`` pages (mutates recency, may split)."""
         return self.tree.match(key, limit)
 
-    def touch(self, key: list[int]) -> None:
+    def touch(self, key: list[int], limit: int | None = None) -> None:
         """``match`` for its effects only (see ``RadixTree.touch``)."""
-        self.tree.touch(key)
+        self.tree.touch(key, limit)
 
     def touch_many(self, keys: list) -> list:
         """``touch`` of each key in turn (see ``RadixTree.touch_many``); the walks' best nodes."""

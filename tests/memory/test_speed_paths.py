@@ -85,14 +85,17 @@ def test_touch_has_the_effects_of_a_discarded_match(make_model, window):
             m.release(rid)
         return m
 
-    probes = [seq(1, 4), seq(1, 12), seq(2, 3) + [5], seq(3, 2)]
+    # (keys, max_tokens): a limit cuts the walk as ``match``'s does (a stretch replays a refused
+    # head's limited matches by ``touch``), splitting where it ends inside a node
+    probes = [(seq(1, 4), None), (seq(1, 12), None), (seq(2, 3) + [5], None), (seq(3, 2), None),
+              (seq(1, 9), 21), (seq(2, 5), 9), (seq(1, 6), 0)]
     a, b = build(), build()
-    for p in probes:
-        a.match(p)
-        b.touch(p)
-    assert _tree_state(a) == _tree_state(b)
-    for p in probes:  # the same matches afterwards (splits, recency)
-        ma, mb = a.match(p), b.match(p)
+    for p, max_tokens in probes:
+        a.match(p, max_tokens=max_tokens)
+        b.touch(p, max_tokens=max_tokens)
+        assert _tree_state(a) == _tree_state(b), (p, max_tokens)
+    for p, max_tokens in probes:  # the same matches afterwards (splits, recency)
+        ma, mb = a.match(p, max_tokens=max_tokens), b.match(p, max_tokens=max_tokens)
         assert (ma.device_hit_tokens, ma.prefix_pages) == (mb.device_hit_tokens, mb.prefix_pages)
 
 

@@ -579,7 +579,7 @@ class CoalesceMixin:
         """The effects of the head's ``n`` (> 0) matches a stretch deferred: the last one run, the
         tree clock advanced by the ticks of the others."""
         self.model.tree.clock += n - 1
-        self.model.match(head.keys, max_tokens=head.max_tokens)
+        self.model.touch(head.keys, max_tokens=head.max_tokens)  # (``match``'s effects, no result)
 
     def _stretch_releases(self, batch, rows, trig, lag: int) -> int:
         """The out-of-window releases due at this step, in batch order (the normal path's test per

@@ -139,10 +139,11 @@ class MatchMixin:
         """
         return self._finish_match(*self._match_walk(key, limit))
 
-    def touch(self, key: list[int]) -> None:
-        """``match`` for its effects only (splits, SWA LRU refresh, recency stamps), without
-        building a result (the scheduler's waiting-queue prefix refresh discards it)."""
-        best = self._match_walk(key)[1]
+    def touch(self, key: list[int], limit: int | None = None) -> None:
+        """``match`` (of at most ``limit`` pages) for its effects only (splits, SWA LRU refresh,
+        recency stamps), without building a result (the scheduler's waiting-queue prefix refresh
+        discards it, and so does a stretch's replay of the refused head's matches)."""
+        best = self._match_walk(key, limit)[1]
         self.refresh_swa_lru(best)
         self._stamp_path(best)
 
