@@ -37,10 +37,14 @@ def report(target: str, out: str, do_replay: bool, backend: str, resample: str, 
         click.echo(json.dumps(res, default=str))
         return
     verdict = f"{res['verdict']}" + (f" ({res['primary_cause']})" if res["primary_cause"] else "")
-    if not res["diagnosis"] and (res.get("plan") or res.get("capacity")):  # a plan's or curve's sections only
-        args = (res.get("plan") or {}).get("server_args")
-        what = ("capacity curves" if not res.get("plan") else
-                f"capacity plan, recommended {' '.join(args)}" if args else "capacity plan, no feasible split")
+    plan = res.get("plan")
+    if not res["diagnosis"] and (plan or res.get("capacity")):  # a plan's or curve's sections only
+        if not plan:
+            what = "capacity curves"
+        elif plan.get("server_args"):
+            what = f"capacity plan, recommended {' '.join(plan['server_args'])}"
+        else:
+            what = "capacity plan, no feasible split"
         click.echo(f"wrote {res['out']}: {what}")
     else:
         click.echo(f"wrote {res['out']}: verdict {verdict if res['verdict'] else 'not diagnosed'}, "

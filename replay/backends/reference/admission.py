@@ -88,26 +88,27 @@ class AdmissionMixin:
                     self.batch_is_full = bool(can_run) or bool(self.running)
                 break
         if not can_run:
-            refused = self._refused
-            if refused is not None and not chunked_at_entry and refused.req is self.waiting[0] \
-                    and self.model.tree is not None:
-                refused.version = self.model.tree.version
-                self._head_refusal = refused
+            if not chunked_at_entry:
+                self._keep_head_refusal(walk_again=False)
             return None
         del self.waiting[:taken]
-        refused = self._refused
-        if refused is not None and self.waiting and refused.req is self.waiting[0] and self.model.tree is not None:
-            # the new head, refused by its budget check after the batch's admissions: the next
-            # step's attempt may repeat its check in a stretch (``coalesce.HeadRefusal``); its
-            # match is walked again first (version -1), as this step's inserts may change it
-            refused.version = -1
-            self._head_refusal = refused
+        self._keep_head_refusal(walk_again=True)  # this step's inserts may change its match
         if new_chunked is not None:
             self.chunked_req = new_chunked
         if self.chunked_req is not None:
             self.chunked_req.inflight_chunks += 1
         self._alloc_extend(can_run, extends)
         return can_run
+
+    def _keep_head_refusal(self, walk_again: bool) -> None:
+        """Keep this attempt's budget refusal as the head's memo (``coalesce.HeadRefusal``) when
+        the request it refused heads the queue now, so that the next attempts may repeat its check
+        in a stretch; with ``walk_again`` its match is walked again before use (version -1), else
+        it stands for the tree as it is."""
+        refused, tree = self._refused, self.model.tree
+        if refused is not None and tree is not None and self.waiting and refused.req is self.waiting[0]:
+            refused.version = -1 if walk_again else tree.version
+            self._head_refusal = refused
 
     def _touch_waiting_prefixes(self) -> None:
         """``SchedulePolicy.calc_priority`` under fcfs (``_touch_waiting_prefixes``): every
