@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--run-infeasible", action="store_true", help="run infeasible splits to their end")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
+    if not (args.workload / "manifest.json").is_file():
+        hint = " (git-ignored: `make data` writes it)" if args.workload.name == "production_1h" else ""
+        ap.exit(2, f"plan_speed.py: {args.workload}: not a workload or trace directory (no manifest.json){hint}\n")
     r = measure(args.workload, kv_gb=args.kv_gb, model=args.model, jobs=args.jobs, confirm=args.confirm,
                 early_stop=args.early_stop == "on", stop_infeasible=not args.run_infeasible)
     if args.json:
@@ -110,4 +113,13 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from replay.errors import Interrupted, KvtraceError
+
+    try:
+        sys.exit(main())
+    except (Interrupted, KeyboardInterrupt) as e:  # Ctrl-C: inside the plan, or between its parts
+        # (the plan's directory was temporary: nothing to resume)
+        print(f"plan_speed.py: interrupted by {getattr(e, 'signal_name', 'SIGINT')} (no figures)", file=sys.stderr)
+        sys.exit(130)
+    except KvtraceError as e:  # a workload, model or knob refused: one line
+        sys.exit(f"plan_speed.py: {e}")

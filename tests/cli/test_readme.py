@@ -1,4 +1,5 @@
-"""README.md's Commands section lists every ``kvtrace`` command (and every subcommand)."""
+"""README.md's Commands section lists every ``kvtrace`` command (and every subcommand), and its
+Benchmarks table every benchmark script under ``bench/``."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def test_readme_lists_every_command():
         if not any(line.startswith(head + " ") or line == head for line in lines if rest in line):
             missing.append(" ".join(path))
     assert not missing, f"README.md Commands lacks: {missing}"
+
+
+def test_readme_lists_every_benchmark():
+    """Every script under ``bench/`` that runs as a program (``__main__``) has a row in the
+    Benchmarks table; a helper module (``stall_probe.py``, ``fork_overhead.py``) need not."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Benchmarks", 1)[1].split("\n## ", 1)[0]
+    scripts = sorted(p.name for p in (ROOT / "bench").glob("*.py") if "__main__" in p.read_text())
+    assert len(scripts) >= 10
+    missing = [name for name in scripts if f"`bench/{name}" not in table]
+    assert not missing, f"README.md Benchmarks lacks: {missing}"
