@@ -241,6 +241,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.requests < 0:
         raise SystemExit("--rounds must be >= 1 and --requests >= 0")
+    if not (Path(args.workload) / "manifest.json").is_file():  # before exporting a tree for it
+        raise SystemExit(f"replay_ab: {args.workload}: not a workload or trace directory (no manifest.json)")
     if args.instructions:
         missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
         if missing:
@@ -265,8 +267,12 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from replay.errors import KvtraceError
+
     try:
         main()
     except KeyboardInterrupt:  # the children got the same SIGINT; the temporary trees are removed
         sys.stderr.write("replay_ab: interrupted by SIGINT (no figures)\n")
         raise SystemExit(130) from None
+    except KvtraceError as e:  # a workload, policy or knob refused: one line
+        sys.exit(f"replay_ab: {e}")

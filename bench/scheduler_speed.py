@@ -82,4 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from replay.errors import KvtraceError
+
+    try:
+        raise SystemExit(main())
+    except KvtraceError as e:  # a workload or knob refused: one line
+        sys.exit(f"scheduler_speed.py: {e}")

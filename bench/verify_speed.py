@@ -114,4 +114,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from replay.errors import KvtraceError
+
+    try:
+        main()
+    except KvtraceError as e:  # a trace refused: one line
+        sys.exit(f"verify_speed.py: {e}")
