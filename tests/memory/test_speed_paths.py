@@ -227,3 +227,64 @@ def test_path_pages_from_is_the_tail_of_path_pages():
             cur = cur.parent
         for lo in range(len(whole) + 3):
             assert RadixTree.path_pages_from(tree, node, lo) == whole[lo:]
+
+
+def _whole_state(model):
+    """Everything eviction changes: each node's key, values, locks, stamps and ``mod`` (children by
+    key), the ledgers, the tree's version and node count, the SWA LRU order, the device leaf set
+    and both free lists."""
+    tree, nodes, stack = model.tree, [], [model.tree.root]
+    while stack:
+        node = stack.pop()
+        nodes.append((tuple(node.key), node.full, node.swa, node.full_lock, node.swa_lock, node.last_access,
+                      node.mod, node.dev_children, node.swa_uuid))
+        stack.extend(node.children[k] for k in sorted(node.children))
+    ledgers = (tree.full_evictable, tree.full_protected, tree.swa_evictable, tree.swa_protected, tree.version,
+               tree.num_nodes)
+    leaves = sorted(tuple(n.key) for n in tree.device_leaves)
+    pools = model.pools
+    return nodes, ledgers, _tree_state(model)[1], leaves, pools.full.free_pages.tolist(), pools.swa.free_pages.tolist()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_plain_leaf_eviction_is_evict_device_leaf(make_model, seed):
+    """``_delete_plain_leaf`` (a childless device leaf of an SWA tree with no host tier) leaves the
+    tree, its ledgers, version and stamps, the SWA LRU order and the free lists exactly as
+    ``evict_device_leaf`` does, through random admissions, chunked inserts, releases, out-of-window
+    releases and evictions of both pools."""
+    def drive(fast: bool):
+        m = make_model(page_size=4, full_pool_tokens=640, sliding_window_tokens=8, swa_pool_tokens=320)
+        m.tree.plain_leaf_eviction = fast
+        rng, out, live = random.Random(seed), [], []
+        for i in range(160):
+            r = rng.random()
+            if live and r < 0.3:
+                rid = live.pop(rng.randrange(len(live)))
+                m.release(rid, checkpoint=rng.random() < 0.8)
+            elif live and r < 0.45:
+                rid = rng.choice(live)
+                st = m.request(rid)
+                m.free_swa_out_of_window(rid, st.seq_tokens - 1)
+                m.checkpoint(rid)
+            elif r < 0.6:
+                res = m.evict(rng.randint(0, 96), rng.randint(0, 64))
+                out.append((res.full_tokens, res.swa_tokens, res.num_deleted_nodes, res.num_tombstoned_nodes))
+            else:
+                keys = seq(rng.randint(1, 4), rng.randint(2, 6)) + seq(100 + i, rng.randint(1, 8))
+                rid = f"r{i}"
+                m.admit(rid, keys, m.match(keys))
+                need = len(keys) * 4 - m.request(rid).seq_tokens
+                res = m.make_room(need + 4, need + 4)
+                out.append((res.full_tokens, res.swa_tokens, res.num_deleted_nodes))
+                if m.alloc_extend(rid, need):
+                    live.append(rid)
+                else:
+                    m.release(rid, checkpoint=False)
+            out.append(_whole_state(m))
+        return out
+
+    fast, slow = drive(True), drive(False)
+    assert len(fast) == len(slow)
+    for i, (a, b) in enumerate(zip(fast, slow)):
+        assert a == b, f"op {i}"
+    assert any(isinstance(x, tuple) and len(x) in (3, 4) and x[2] > 0 for x in fast)  # leaves were deleted

@@ -13,11 +13,16 @@
 
 from __future__ import annotations
 
+from replay.memory.radix.match import void_memos
 from replay.memory.results import EvictResult
 
 
 class EvictMixin:
     """Eviction half of ``RadixTree``."""
+
+    #: evict a childless device leaf of an SWA tree with no host tier by ``_delete_plain_leaf``
+    #: (``evict_device_leaf``'s steps inlined); off only to test that it is exact
+    plain_leaf_eviction = True
 
     def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> EvictResult:
         """Free at least the requested tokens beyond what is available now, if evictable.
@@ -55,11 +60,63 @@ class EvictMixin:
     def _evict_full(self, target: int, res: EvictResult, swa_target: bool = False) -> None:
         avail = self.swa_available_tokens if swa_target else self.full_available_tokens
         pop, evict_leaf = self.device_heap.pop, self.evict_device_leaf
+        plain = self.plain_leaf_eviction and self.swa_tree and not self.hicache  # see ``_delete_plain_leaf``
         while avail() < target:
             node = pop()
             if node is None:
                 break
-            evict_leaf(node, res)  # a parent that becomes a leaf is pushed
+            if plain and not node.children:
+                self._delete_plain_leaf(node, res)
+            else:
+                evict_leaf(node, res)  # a parent that becomes a leaf is pushed
+
+    def _delete_plain_leaf(self, node, res: EvictResult) -> None:
+        """``evict_device_leaf`` of a childless device leaf of an SWA tree with no host tier (no
+        backup, no demotion: ``_delete_subtree`` of the node alone), its steps inlined in the same
+        order: its SWA freed (deferred) and taken, its FULL taken and freed (deferred), the node
+        detached, its parent's leaf sets updated and its dead ancestors deleted. The tree version
+        advances once per step as there (three stamps)."""
+        ps = self.ps
+        swa = node.swa
+        full = node.full
+        parent = node.parent
+        watch = node.watch
+        if watch is not None:  # (the first of the three stamps voids the node's watchers)
+            node.watch = None
+            void_memos(watch)
+        if swa is not None:
+            n = len(swa) * ps
+            res.swa_tokens += n
+            self._swa_chunks.append(full)  # ``_defer_swa``: the tree tracks SWA, so ``full`` are the peers
+            self._pending_swa_pages += len(full)
+            node.swa = None
+            if node.swa_lock > 0:
+                self.swa_protected -= n
+            else:
+                self.swa_evictable -= n
+            self.swa_lru.remove(node)
+            self.version += 1
+        node.full = None
+        parent.dev_children -= 1
+        n = len(full) * ps
+        if node.full_lock > 0:
+            self.full_protected -= n
+        else:
+            self.full_evictable -= n
+        res.full_tokens += n
+        if full:  # ``_defer_full``
+            self._full_chunks.append(full)
+            self._pending_full_pages += len(full)
+        self.device_leaves.discard(node)
+        if self.host_leaves:
+            self.host_leaves.discard(node)
+        self.num_nodes -= 1
+        res.num_deleted_nodes += 1
+        del parent.children[node.key[0]]
+        self.version += 2
+        node.mod = self.version
+        self._update_leaf_sets(parent)
+        self._delete_dead_ancestors(parent, res)
 
     def evict_device_leaf(self, node, res: EvictResult) -> None:
         """Evict one device leaf: demote if backed up, else back up (write_back) or delete."""
