@@ -178,9 +178,7 @@ class RadixCache:
             req.pages[lo:num_pages] = tree.path_pages_from(result.last_node, lo)[:num_pages - lo]
         self._split_at_prompt(req, num_pages)
         old = req.lock
-        req.lock = tree.lock(result.last_node)
-        if old is not None:
-            tree.unlock(old)
+        req.lock = tree.lock(result.last_node) if old is None else tree.relock(old, result.last_node)
         req.protected_tokens = num_pages * ps
         if result.swa_branch_inserted:
             req.swa_branching_tokens = None

@@ -288,3 +288,62 @@ def test_plain_leaf_eviction_is_evict_device_leaf(make_model, seed):
     for i, (a, b) in enumerate(zip(fast, slow)):
         assert a == b, f"op {i}"
     assert any(isinstance(x, tuple) and len(x) in (3, 4) and x[2] > 0 for x in fast)  # leaves were deleted
+
+
+@pytest.mark.parametrize("window", [0, 8, 24])
+def test_relock_is_lock_then_unlock(make_model, window):
+    """``relock`` (a checkpoint moving a request's lock to the node its insert ended at: the FULL
+    walk stops at the old anchor) leaves the lock counts, ledgers, leaf sets and SWA boundaries as
+    ``lock`` then ``unlock`` do: on a descendant of the anchor, on the anchor itself, and on a
+    node off its path (the general path)."""
+    def build():
+        kw = dict(page_size=4, full_pool_tokens=2048, debug_check_every_op=True)
+        if window:
+            kw.update(sliding_window_tokens=window, swa_pool_tokens=2048)
+        m = make_model(**kw)
+        rng = random.Random(window + 5)
+        for i in range(14):  # shared and private branches, some still locked
+            keys = seq(rng.randint(1, 3), rng.randint(2, 9)) + seq(100 + i, rng.randint(0, 4))
+            rid = f"r{i}"
+            m.admit(rid, keys, m.match(keys))
+            assert m.alloc_extend(rid, len(keys) * 4 - m.request(rid).seq_tokens)
+            if rng.random() < 0.6:
+                m.release(rid)
+        return m
+
+    def state(m):
+        tree, nodes, stack = m.tree, [], [m.tree.root]
+        while stack:
+            node = stack.pop()
+            nodes.append((tuple(node.key), node.full_lock, node.swa_lock, node.swa_uuid))
+            stack.extend(node.children[k] for k in sorted(node.children))
+        return (nodes, tree.full_evictable, tree.full_protected, tree.swa_evictable, tree.swa_protected,
+                sorted(tuple(n.key) for n in tree.device_leaves), tree._next_uuid)
+
+    probes = [(seq(1, 2), seq(1, 7)), (seq(1, 7), seq(1, 7)), (seq(2, 3), seq(2, 9)), (seq(1, 5), seq(3, 4)),
+              (seq(3, 1), seq(3, 9)), (seq(2, 9), seq(1, 3))]
+    fast_runs = 0
+    for anchor_keys, node_keys in probes:
+        a, b = build(), build()
+        for m in (a, b):
+            m.match(anchor_keys), m.match(node_keys)  # (splits where the probes end inside a node)
+        ra = a.tree.lock(a.match(anchor_keys).last_device_node)
+        rb = b.tree.lock(b.match(anchor_keys).last_device_node)
+        na, nb = a.match(node_keys).last_device_node, b.match(node_keys).last_device_node
+        assert state(a) == state(b)
+        new_a = a.tree.lock(na)
+        a.tree.unlock(ra)
+        new_b = b.tree.relock(rb, nb)
+        assert state(a) == state(b), (anchor_keys[:1], len(anchor_keys), node_keys[:1], len(node_keys))
+        assert (new_a.swa_uuid, rb.released) == (new_b.swa_uuid, True)
+        b.tree.unlock(new_b)
+        a.tree.unlock(new_a)
+        assert state(a) == state(b)
+        a.check_integrity(), b.check_integrity()
+        cur = nb
+        while cur is not None and cur is not rb.node:
+            cur = cur.parent
+        fast_runs += cur is not None and rb.node is not b.tree.root
+    assert fast_runs >= 3  # the anchor on the node's path (the fast walk), and off it
+    with pytest.raises(Exception, match="released twice"):
+        b.tree.relock(rb, nb)

@@ -46,23 +46,71 @@ class LockMixin:
             cur.full_lock += 1
             self.device_leaves.discard(cur)
             cur = cur.parent
+        return TreeLock(node, self._lock_swa(node) if self.swa_tree else None)
+
+    def _lock_swa(self, node) -> int | None:
+        """``lock``'s SWA half: SWA-lock from ``node`` up until one window is covered; returns the
+        boundary node's uuid (None when the path to the root covers less)."""
+        root, ps = self.root, self.ps
         uuid = None
+        covered, cur, window = 0, node, self.window_tokens
+        while cur is not root and covered < window:
+            if cur.swa_lock == 0 and cur.swa is not None:
+                n = len(cur.key) * ps
+                self.swa_evictable -= n
+                self.swa_protected += n
+            cur.swa_lock += 1
+            covered += len(cur.key) * ps
+            if covered >= window:
+                if cur.swa_uuid is None:
+                    self._next_uuid += 1
+                    cur.swa_uuid = self._next_uuid
+                uuid = cur.swa_uuid
+            cur = cur.parent
+        return uuid
+
+    def relock(self, receipt: TreeLock, node) -> TreeLock:
+        """``lock(node)`` then ``unlock(receipt)`` (a checkpoint moves a request's lock to the node
+        its insert ended at). Where the receipt's node is ``node`` or an ancestor of it holding
+        device FULL, the FULL walk stops there: above it the lock's +1 and the unlock's -1 on the
+        same nodes cancel (each holds the receipt's lock, so neither moves a ledger or a leaf
+        set). The SWA halves run as in ``lock`` and ``unlock``.
+
+        Raises:
+            MemoryModelError: on a receipt released before.
+        Mutates: lock counts, ledgers, leaf sets (as ``lock`` then ``unlock``).
+        """
+        anchor, root = receipt.node, self.root
+        if receipt.released or anchor.full is None:
+            new = self.lock(node)
+            self.unlock(receipt)
+            return new
+        cur = node
+        while cur is not anchor:  # is the anchor on the path from ``node`` up?
+            if cur is root:
+                new = self.lock(node)
+                self.unlock(receipt)
+                return new
+            cur = cur.parent
+        ps = self.ps
+        cur = node
+        while cur is not anchor and cur.full is None:  # ``lock``'s two FULL loops, up to the anchor
+            cur.full_lock += 1
+            self._update_leaf_sets(cur)
+            cur = cur.parent
+        while cur is not anchor:
+            if cur.full_lock == 0:
+                n = len(cur.key) * ps
+                self.full_evictable -= n
+                self.full_protected += n
+            cur.full_lock += 1
+            self.device_leaves.discard(cur)
+            cur = cur.parent
+        new = TreeLock(node, self._lock_swa(node) if self.swa_tree else None)
+        receipt.released = True
         if self.swa_tree:
-            covered, cur, window = 0, node, self.window_tokens
-            while cur is not root and covered < window:
-                if cur.swa_lock == 0 and cur.swa is not None:
-                    n = len(cur.key) * ps
-                    self.swa_evictable -= n
-                    self.swa_protected += n
-                cur.swa_lock += 1
-                covered += len(cur.key) * ps
-                if covered >= window:
-                    if cur.swa_uuid is None:
-                        self._next_uuid += 1
-                        cur.swa_uuid = self._next_uuid
-                    uuid = cur.swa_uuid
-                cur = cur.parent
-        return TreeLock(node, uuid)
+            self._unlock_swa(receipt)
+        return new
 
     def lock_delta(self, node) -> tuple[int, int]:
         """(FULL, SWA) tokens ``lock(node)`` would move from evictable to protected, without
@@ -112,17 +160,22 @@ class LockMixin:
                 self._update_leaf_sets(cur)
             cur = cur.parent
         if self.swa_tree:
-            cur, uuid = receipt.node, receipt.swa_uuid
-            while cur is not root:
-                if cur.swa_lock <= 0:
-                    raise MemoryModelError(f"SWA lock underflow on {cur}")
-                cur.swa_lock -= 1
-                if cur.swa_lock == 0:
-                    if cur.swa is not None:
-                        n = len(cur.key) * ps
-                        self.swa_evictable += n
-                        self.swa_protected -= n
-                    self._update_leaf_sets(cur)
-                if uuid is not None and cur.swa_uuid == uuid:
-                    break
-                cur = cur.parent
+            self._unlock_swa(receipt)
+
+    def _unlock_swa(self, receipt: TreeLock) -> None:
+        """``unlock``'s SWA half: release the receipt's SWA segment, up to its boundary uuid."""
+        root, ps = self.root, self.ps
+        cur, uuid = receipt.node, receipt.swa_uuid
+        while cur is not root:
+            if cur.swa_lock <= 0:
+                raise MemoryModelError(f"SWA lock underflow on {cur}")
+            cur.swa_lock -= 1
+            if cur.swa_lock == 0:
+                if cur.swa is not None:
+                    n = len(cur.key) * ps
+                    self.swa_evictable += n
+                    self.swa_protected -= n
+                self._update_leaf_sets(cur)
+            if uuid is not None and cur.swa_uuid == uuid:
+                break
+            cur = cur.parent
