@@ -125,20 +125,28 @@ def test_reference_replay_path_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("window", [0, 8, 24])
-def test_lock_delta_is_what_lock_moves_from_evictable_to_protected(make_model, window):
-    kw = dict(page_size=4, full_pool_tokens=1024)
+def _branchy_model(make_model, window: int, pool_tokens: int, rng, requests: int, private_pages: int,
+                   release_p: float):
+    """A model (page 4; SWA of ``window`` tokens, none at 0) whose tree has shared and private
+    branches, some of them still locked: ``requests`` admitted and filled, each released with
+    probability ``release_p``."""
+    kw = dict(page_size=4, full_pool_tokens=pool_tokens)
     if window:
-        kw.update(sliding_window_tokens=window, swa_pool_tokens=1024)
+        kw.update(sliding_window_tokens=window, swa_pool_tokens=pool_tokens)
     m = make_model(**kw)
-    rng = random.Random(window)
-    for i in range(12):  # a tree of shared and private branches, some of them still locked
-        keys = seq(rng.randint(1, 3), rng.randint(2, 9)) + seq(100 + i, rng.randint(0, 3))
+    for i in range(requests):
+        keys = seq(rng.randint(1, 3), rng.randint(2, 9)) + seq(100 + i, rng.randint(0, private_pages))
         rid = f"r{i}"
         m.admit(rid, keys, m.match(keys))
         assert m.alloc_extend(rid, len(keys) * 4 - m.request(rid).seq_tokens)
-        if rng.random() < 0.7:
+        if rng.random() < release_p:
             m.release(rid)
+    return m
+
+
+@pytest.mark.parametrize("window", [0, 8, 24])
+def test_lock_delta_is_what_lock_moves_from_evictable_to_protected(make_model, window):
+    m = _branchy_model(make_model, window, 1024, random.Random(window), 12, 3, 0.7)
     tree, seen = m.tree, set()
     for tag in (1, 2, 3, 4):
         for n in (1, 3, 6, 12):
@@ -297,19 +305,7 @@ def test_relock_is_lock_then_unlock(make_model, window):
     ``lock`` then ``unlock`` do: on a descendant of the anchor, on the anchor itself, and on a
     node off its path (the general path)."""
     def build():
-        kw = dict(page_size=4, full_pool_tokens=2048, debug_check_every_op=True)
-        if window:
-            kw.update(sliding_window_tokens=window, swa_pool_tokens=2048)
-        m = make_model(**kw)
-        rng = random.Random(window + 5)
-        for i in range(14):  # shared and private branches, some still locked
-            keys = seq(rng.randint(1, 3), rng.randint(2, 9)) + seq(100 + i, rng.randint(0, 4))
-            rid = f"r{i}"
-            m.admit(rid, keys, m.match(keys))
-            assert m.alloc_extend(rid, len(keys) * 4 - m.request(rid).seq_tokens)
-            if rng.random() < 0.6:
-                m.release(rid)
-        return m
+        return _branchy_model(make_model, window, 2048, random.Random(window + 5), 14, 4, 0.6)
 
     def state(m):
         tree, nodes, stack = m.tree, [], [m.tree.root]

@@ -32,13 +32,19 @@ class LockMixin:
             the receipt to pass to ``unlock``.
         Mutates: lock counts, evictable→protected ledgers, leaf sets.
         """
-        root, ps = self.root, self.ps
+        self._lock_full(node, self.root)
+        return TreeLock(node, self._lock_swa(node) if self.swa_tree else None)
+
+    def _lock_full(self, node, stop) -> None:
+        """``lock``'s FULL half: FULL-lock from ``node`` up to ``stop`` (the root, or ``relock``'s
+        anchor), not including it."""
+        ps = self.ps
         cur = node
-        while cur is not root and cur.full is None:  # device-evicted bottom segment
+        while cur is not stop and cur.full is None:  # device-evicted bottom segment
             cur.full_lock += 1
             self._update_leaf_sets(cur)
             cur = cur.parent
-        while cur is not root:
+        while cur is not stop:
             if cur.full_lock == 0:
                 n = len(cur.key) * ps
                 self.full_evictable -= n
@@ -46,7 +52,6 @@ class LockMixin:
             cur.full_lock += 1
             self.device_leaves.discard(cur)
             cur = cur.parent
-        return TreeLock(node, self._lock_swa(node) if self.swa_tree else None)
 
     def _lock_swa(self, node) -> int | None:
         """``lock``'s SWA half: SWA-lock from ``node`` up until one window is covered; returns the
@@ -92,20 +97,7 @@ class LockMixin:
                 self.unlock(receipt)
                 return new
             cur = cur.parent
-        ps = self.ps
-        cur = node
-        while cur is not anchor and cur.full is None:  # ``lock``'s two FULL loops, up to the anchor
-            cur.full_lock += 1
-            self._update_leaf_sets(cur)
-            cur = cur.parent
-        while cur is not anchor:
-            if cur.full_lock == 0:
-                n = len(cur.key) * ps
-                self.full_evictable -= n
-                self.full_protected += n
-            cur.full_lock += 1
-            self.device_leaves.discard(cur)
-            cur = cur.parent
+        self._lock_full(node, anchor)
         new = TreeLock(node, self._lock_swa(node) if self.swa_tree else None)
         receipt.released = True
         if self.swa_tree:
