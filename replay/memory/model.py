@@ -91,6 +91,14 @@ class KVCacheModel:
             page_hashes = page_hashes[: max(0, max_tokens) // self.config.page_size]
         return page_hashes if isinstance(page_hashes, list) else list(page_hashes)
 
+    def _match_args(self, page_hashes: Sequence[int], max_tokens: int | None) -> tuple:
+        """The cache's ``match``/``touch`` arguments for at most ``max_tokens``: the key and a page
+        limit where the cache's tree stops at the limit itself (no copy of the key: a
+        ``GrowingKeys`` list keeps its memo of verified node keys), else the key cut."""
+        if max_tokens is not None and self.cache.match_limit:
+            return self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size
+        return (self._key(page_hashes, max_tokens),)
+
     # ---- admission ---------------------------------------------------------------------
 
     @_op
@@ -103,11 +111,7 @@ class KVCacheModel:
         Returns:
             MatchResult in tokens.
         """
-        if max_tokens is not None and self.cache.match_limit:
-            # the tree stops at the limit itself: no copy of the key (a ``GrowingKeys`` list
-            # keeps its memo of verified node keys)
-            return self.cache.match(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
-        return self.cache.match(self._key(page_hashes, max_tokens))
+        return self.cache.match(*self._match_args(page_hashes, max_tokens))
 
     def peek(self, page_hashes: Sequence[int], max_tokens: int | None = None) -> MatchResult | None:
         """``match``'s result without its effects, or None where it would change the tree (a split)
@@ -125,10 +129,8 @@ class KVCacheModel:
         touch = getattr(self.cache, "touch", None)
         if touch is None:
             self.cache.match(self._key(page_hashes, max_tokens))
-        elif max_tokens is not None and self.cache.match_limit:
-            touch(self._key(page_hashes, None), max(0, max_tokens) // self.config.page_size)
         else:
-            touch(self._key(page_hashes, max_tokens))
+            touch(*self._match_args(page_hashes, max_tokens))
 
     @_op
     def touch_many(self, page_hashes_list: Sequence[Sequence[int]]) -> list | None:

@@ -85,24 +85,26 @@ class LockMixin:
             MemoryModelError: on a receipt released before.
         Mutates: lock counts, ledgers, leaf sets (as ``lock`` then ``unlock``).
         """
-        anchor, root = receipt.node, self.root
-        if receipt.released or anchor.full is None:
+        anchor = receipt.node
+        if receipt.released or anchor.full is None or not self._on_path(anchor, node):
             new = self.lock(node)
             self.unlock(receipt)
             return new
-        cur = node
-        while cur is not anchor:  # is the anchor on the path from ``node`` up?
-            if cur is root:
-                new = self.lock(node)
-                self.unlock(receipt)
-                return new
-            cur = cur.parent
         self._lock_full(node, anchor)
         new = TreeLock(node, self._lock_swa(node) if self.swa_tree else None)
         receipt.released = True
         if self.swa_tree:
             self._unlock_swa(receipt)
         return new
+
+    def _on_path(self, anchor, node) -> bool:
+        """Whether ``anchor`` is ``node`` or one of its ancestors."""
+        root, cur = self.root, node
+        while cur is not anchor:
+            if cur is root:
+                return False
+            cur = cur.parent
+        return True
 
     def lock_delta(self, node) -> tuple[int, int]:
         """(FULL, SWA) tokens ``lock(node)`` would move from evictable to protected, without
