@@ -111,10 +111,33 @@ def write_tokenizer(model_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------ processes
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(offsets: tuple[int, ...] = (0,), low: int = 10_000, high: int = 21_999) -> int:
+    """A port ``p`` with ``p + k`` free for every ``k`` in ``offsets``, for a server that binds it later.
+
+    The ports lie below the kernel's ephemeral range: ``bind(("", 0))`` and every outgoing
+    ``connect()`` draw from that range, so a port picked there and bound by a child seconds later
+    can be taken in between (the fork's scheduler then fails its TCPStore with EADDRINUSE). They
+    also lie below sglang 0.5.23's own pick for its nccl port (22000-29999), so two servers of
+    one test run cannot be handed the same one."""
+    import random
+
+    candidates = range(low, min(high, _ephemeral_low() - 1) - max(offsets) + 1)
+    for port in random.Random().sample(candidates, min(256, len(candidates))):
+        try:
+            for k in offsets:
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", port + k))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port in {low}-{high} below the ephemeral range with offsets {offsets}")
 
 
 def stub_env(extra: dict | None = None) -> dict:

@@ -61,24 +61,6 @@ def fork_env(extra: dict | None = None) -> dict:
     return env
 
 
-def _port_below(limit: int) -> int:
-    """A free port below ``limit``: the fork derives its gRPC port as --port + 10000 and refuses
-    one above 65535 (server_args._handle_deprecated_args), so an ephemeral port may not do."""
-    import random
-    import socket
-
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20_000, limit)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port below {limit}")
-
-
 def _drive(port: int) -> dict:
     out: dict = {}
     concurrent = {f"fork-c{i}": PREFIX + [200 + i] * (4 + i) for i in range(4)}
@@ -96,10 +78,13 @@ def _drive(port: int) -> dict:
 def _serve(d: Path, how: str) -> dict:
     _skip_without_shared()
     model = lu.write_laguna(d / "model")
-    port = _port_below(55_000)
+    # The fork picks its nccl port with bind(0) and its scheduler binds it later (upstream picks
+    # one below the ephemeral range), so the test hands it one: the port after --port. Both lie
+    # below 22000, so the fork's derived gRPC port (--port + 10000) stays under 65536.
+    port = lu.free_port(offsets=(0, 1))
     trace = d / "trace"
     server = [str(lu.VENV_BIN / "python"), "-m", "sglang.launch_server", "--model-path", str(model),
-              "--port", str(port), *lu.BASE_FLAGS, *FLAGS]
+              "--port", str(port), "--nccl-port", str(port + 1), *lu.BASE_FLAGS, *FLAGS]
     if how == "launch":
         argv = [str(lu.VENV_BIN / "kvtrace"), "launch", "--out", str(trace), "--flush-ms", "200", "--", *server]
         env = fork_env()
