@@ -41,6 +41,7 @@ def measure(workload: Path, *, kv_gb: float, model: str, jobs: int, confirm: boo
             stop_infeasible: bool = True) -> dict:
     import os
 
+    from replay.errors import DataLostError
     from replay.runs.plan import plan
 
     tmp = Path(tempfile.mkdtemp(prefix="kvtrace-bench-plan-"))
@@ -73,6 +74,10 @@ def measure(workload: Path, *, kv_gb: float, model: str, jobs: int, confirm: boo
             out["confirm_wall_s"] = round(time.perf_counter() - t1, 1)
             out["confirm"] = res2.confirm
         return out
+    except DataLostError as e:  # a full $TMPDIR: the sweep's "resume" advice does not hold for a temporary plan
+        what = str(e).split("; the finished runs are kept")[0]
+        raise DataLostError(f"{what}; the bench's plan directory was temporary and is removed: "
+                            f"free space in {tmp.parent} and run it again") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,6 +1,7 @@
 """``bench/plan_speed.py``: a plan of a small workload gives its figures as one JSON object (the
 agreement table's split for mixed at 3 GB); a missing workload, a bad preset or budget are refused
-in one line, and SIGINT ends it with 130 and no figures."""
+in one line, SIGINT ends it with 130 and no figures, and a full disk is one line that offers no resume
+(the bench's plan directory is temporary)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def test_sigint_ends_it_with_no_figures(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip() == "plan_speed.py: interrupted by SIGINT (no figures)" and out == ""
     assert not list(tmp_path.glob("kvtrace-bench-plan-*")), "the plan's temporary directory was left behind"
+
+
+def test_a_full_disk_is_one_line_and_offers_no_resume(tmp_path):
+    import resource
+
+    def small_files():  # 1 KB files at most: the sweep's table cannot be written (EFBIG, as ENOSPC)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    out = subprocess.run([sys.executable, str(BENCH), "--workload", "data/workloads/mixed", "--kv-gb", "3",
+                          "--jobs", "1", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "TMPDIR": str(tmp_path)}, preexec_fn=small_files)
+    assert out.returncode == 1 and out.stdout == ""
+    line, = out.stderr.strip().splitlines()
+    assert line.startswith("plan_speed.py: ") and "could not write the sweep's table" in line
+    assert "resume" not in line and "temporary and is removed" in line and str(tmp_path) in line
+    assert list(tmp_path.iterdir()) == []  # the plan directory is gone
