@@ -129,6 +129,10 @@ def free_port(offsets: tuple[int, ...] = (0,), low: int = 10_000, high: int = 21
     import random
 
     candidates = range(low, min(high, _ephemeral_low() - 1) - max(offsets) + 1)
+    if not candidates and offsets == (0,):  # a machine whose ephemeral range starts below ``low``:
+        with socket.socket() as s:  # the kernel's pick (racy, as before; nothing else is left)
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
     for port in random.Random().sample(candidates, min(256, len(candidates))):
         try:
             for k in offsets:
