@@ -153,16 +153,13 @@ def ensure_parallel(server_args, model_config) -> None:
     ``init_distributed_environment`` → ``initialize_model_parallel`` → ``initialize_dp_attention``."""
     if _PARALLEL:
         return
-    import socket
-
     from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.layers.dp_attention import initialize_dp_attention
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # port 0: the store binds a free port itself (a port picked free and bound a moment later can
+    # be taken in between by another process: EADDRINUSE, as the fork's own scheduler hit in CI)
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                 distributed_init_method=f"tcp://127.0.0.1:{port}")
+                                 distributed_init_method="tcp://127.0.0.1:0")
     initialize_model_parallel()
     initialize_dp_attention(server_args, model_config)
     _PARALLEL.append(True)
