@@ -36,6 +36,15 @@ def sigint_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a ``python -m replay...`` helper this process starts: this one's, with
+    its ``sys.path`` as ``PYTHONPATH`` (the helper imports what this one does) and
+    :func:`sigint_env`'s mark."""
+    import sys
+
+    return sigint_env(dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+
+
 def caller_ignores_sigint() -> bool:
     """Whether SIGINT is ignored here, or was where the process that started this one ran."""
     return signal.getsignal(signal.SIGINT) == signal.SIG_IGN or os.environ.get(SIGINT_IGNORED_ENV) == "1"

@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 from replay.backends.base import FIGURES
 from replay.runs.summary import (SUMMARY_FILE, RunError, figures_only, is_settings_refusal, read_summary,
@@ -137,8 +136,8 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         RunError: a bad budget, objective or ratio; no bytes per token (give ``model``); or what
             the sweep refuses (source, policy, backend, ``out`` holding another sweep).
     """
-    from replay.analysis.capacity import capacity_curve
     from replay.runs.kv_gb import resolve_bytes
+    from replay.runs.one_pass import OnePassBound
     from replay.runs.sweep import sweep
 
     source, out = Path(source), Path(out)
@@ -186,20 +185,15 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
                         "splits of ratios", "plan", "split")
     largest = max(p["full_pool_tokens"] for p in points)
 
-    def one_pass() -> float:  # the one-pass LRU curve at the largest full pool tried: no split's hits exceed it
-        try:
-            return float(capacity_curve(source).at(largest))
-        except Exception:  # noqa: BLE001 - a source the one-pass curve cannot read: no early stop
-            return 1.0
-
-    # computed beside the replays (5 s of an hour of traffic, which held back every split), and
-    # waited for where the stop rule first reads it
-    bound = _Background(one_pass, "kvtrace-one-pass")
-    search = _Search(out, policy, points, bpt, objective, bound.result, early_stop)
-    df = sweep(source, out, policies=[policy], points=points, sets=sets, jobs=jobs, executor=executor,
-               backend=backend, detail="counts" if traces else FIGURES, progress=progress, model=model,
-               stop=search.stop)
-    attainable = bound.result()
+    # the one-pass LRU curve at the largest full pool tried (no split's hits exceed it), computed
+    # beside the replays (5 s of an hour of traffic, which held back every split) and waited for
+    # where the stop rule first reads it; killed if the sweep is stopped
+    with OnePassBound(source, largest) as bound:
+        search = _Search(out, policy, points, bpt, objective, bound.result, early_stop)
+        df = sweep(source, out, policies=[policy], points=points, sets=sets, jobs=jobs, executor=executor,
+                   backend=backend, detail="counts" if traces else FIGURES, progress=progress, model=model,
+                   stop=search.stop)
+        attainable = bound.result()
     errors = {r["run"]: r["error"] for r in df.select("run", "error").to_dicts() if r["error"]}
     rows = [_row(out, policy, pt, bpt, errors) for pt in points[:search.cut]]
     early, why = search.cut < len(points), search.why
@@ -221,29 +215,6 @@ def plan(source: str | Path, out: str | Path, *, kv_gb: float, host_gb: float | 
         _trust_real(res, real_rows, objective, host_gb)
     (out / "plan.json").write_text(__import__("json").dumps(res.to_dict(), indent=1, default=str))
     return res
-
-
-class _Background:
-    """``fn()`` in a daemon thread, its value (or exception) read by :meth:`result`, which waits.
-    A daemon, so that a plan stopped by a signal exits at once instead of waiting for it (a
-    ``ThreadPoolExecutor``'s worker is joined at exit: ~4 s of the one-pass curve)."""
-
-    def __init__(self, fn: Callable[[], float], name: str) -> None:
-        self._fn, self._value, self._error = fn, None, None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the reader
-            self._error = e
-
-    def result(self) -> float:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def incomplete_message(failed: list[dict], tried: int) -> str:

@@ -36,9 +36,9 @@ ZYGOTE_START_TIMEOUT_S = 600.0
 
 
 def _env() -> dict[str, str]:
-    from replay.procs import sigint_env
+    from replay.procs import child_env
 
-    return sigint_env(dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    return child_env()
 
 
 class ColdLauncher:
