@@ -26,19 +26,13 @@ from pathlib import Path
 from replay.console import progress_stream
 from replay.runs.jobs import PARTIAL_DIR
 from replay.runs.jobs import job_result as _job_result
-from replay.procs import wait_readable
+from replay.procs import child_env, wait_readable
 
 ZYGOTE_LOG = "zygote.log"
 #: what the zygote reported when ready: pid, import seconds (wall, CPU), modules, native threads
 ZYGOTE_INFO = "zygote.json"
 #: seconds the zygote may take to import sglang and replay before the sweep gives up on it
 ZYGOTE_START_TIMEOUT_S = 600.0
-
-
-def _env() -> dict[str, str]:
-    from replay.procs import child_env
-
-    return child_env()
 
 
 class ColdLauncher:
@@ -52,7 +46,7 @@ class ColdLauncher:
     def start(self, run: str, job: Path, log: Path) -> None:
         fh = open(log, "w")
         proc = subprocess.Popen([sys.executable, "-m", "replay.runs.worker", str(job)], stdin=subprocess.DEVNULL,
-                                stdout=fh, stderr=subprocess.STDOUT, env=_env())
+                                stdout=fh, stderr=subprocess.STDOUT, env=child_env())
         self.procs[run] = (proc, fh)
 
     def finished(self, timeout: float) -> list[tuple[str, int]]:
@@ -90,7 +84,7 @@ class ZygoteLauncher:
     def __init__(self, root: Path, backend: str) -> None:
         log = open(root / PARTIAL_DIR / ZYGOTE_LOG, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "replay.runs.zygote", backend], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=log, env=_env())
+                                     stdout=subprocess.PIPE, stderr=log, env=child_env())
         log.close()
         self.buf = b""
         self.root = root
